@@ -1,0 +1,1 @@
+"""behavior_tree package."""

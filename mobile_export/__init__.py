@@ -1,0 +1,1 @@
+"""FlashNPC mobile_export: model bundles for mobile builds and the packaged client."""

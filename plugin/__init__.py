@@ -1,0 +1,1 @@
+"""FlashNPC plugin: the game-script API (World, NPC, players, events)."""

@@ -1,0 +1,1 @@
+"""FlashNPC runtime: line book, tokenizer, the Flash model, training, export and engines."""

@@ -1,0 +1,1 @@
+"""FlashNPC server_sync: authoritative world server, protocol and clients."""
