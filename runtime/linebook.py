@@ -1,0 +1,961 @@
+"""The line book: the YAML training data game writers author, its validator and its expansion.
+
+A line book is one YAML file or a directory of ``*.yaml`` files (read in name order and
+merged section by section). It declares the closed vocabulary a prompt is made of
+(archetypes, persona traits, behavior states, player intents, context slots and values),
+the free-text slots filled after generation (``{player}``, ``{location}``, ``{item}``),
+banned out-of-setting words, and the authored fragments that expand into training lines.
+The format is documented in ``docs/linebook.md``.
+
+Templates use three kinds of markup:
+
+* ``{player}``: a free-text slot, kept in the generated line and filled by the game;
+* ``[group]``: a fragment drawn from a group (archetype voice, the state's leads, the
+  reply for the state and intent, the persona's mood, a context fragment, ...);
+* ``(a|b|)``: inline alternatives, one chosen per line; an empty alternative is allowed.
+
+Every error found while loading raises :class:`LineBookError` naming file, line and field.
+Expansion is deterministic (seeded from the book's ``expansion.seed`` and the condition
+names), needs no disk cache and takes a few seconds for the default book.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import random
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULT_PATH = Path(__file__).parent / "assets" / "linebook"
+
+# group names with built-in meaning; every other [group] is an archetype voice group
+BUILTIN_GROUPS = ("lead", "reply", "mood", "ctx", "tag")
+TONES = ("calm", "urgent")
+_SLOT_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+_WORD_RE = re.compile(r"[A-Za-z']+")
+
+
+class LineBookError(ValueError):
+    """A malformed line book. ``str()`` is ``"<file>:<line>: <field>: <problem>"``."""
+
+    def __init__(self, file: str, line: int, field: str, problem: str) -> None:
+        self.file = str(file)
+        self.line = int(line)
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{self.file}:{self.line}: {field}: {problem}")
+
+
+@dataclass(frozen=True)
+class Example:
+    """One expanded training line and the prompt it answers."""
+
+    archetype: str
+    persona: tuple[str, ...]  # sorted persona trait names (1-2 traits)
+    state: str
+    intent: str
+    context: tuple[tuple[str, str], ...]  # sorted (slot, value) pairs of closed-vocabulary context
+    text: str  # the line; may contain free-text slot markers such as {player}
+
+
+@dataclass(frozen=True)
+class Split:
+    """A deterministic partition of :meth:`LineBook.examples`.
+
+    ``heldout`` holds every example of ``heldout_pairs`` (archetype, state): none of those
+    pairs, and none of their texts, appear in ``train``, ``val`` or ``test``.
+    """
+
+    train: list[Example]
+    val: list[Example]
+    test: list[Example]
+    heldout: list[Example]
+    heldout_pairs: list[tuple[str, str]]
+
+
+# ---------------------------------------------------------------- templates
+
+
+@dataclass(frozen=True)
+class _Where:
+    file: str
+    line: int
+    field: str
+
+    def error(self, problem: str) -> LineBookError:
+        return LineBookError(self.file, self.line, self.field, problem)
+
+
+# A parsed template is a tuple of parts: str (literal), ("slot", name), ("ref", group),
+# ("alt", (template, template, ...)).
+_Part = Any
+_Template = tuple
+
+
+@dataclass(frozen=True)
+class _Source:
+    template: _Template
+    where: _Where
+    slots: frozenset[str]
+    refs: frozenset[str]
+
+
+def _parse_template(text: str, where: _Where) -> _Template:
+    pos = 0
+
+    def parse_seq(depth: int) -> tuple[list[_Template], str]:
+        nonlocal pos
+        alts: list[_Template] = []
+        parts: list[_Part] = []
+        buf: list[str] = []
+
+        def flush() -> None:
+            if buf:
+                parts.append("".join(buf))
+                buf.clear()
+
+        while pos < len(text):
+            ch = text[pos]
+            if ch == "(":
+                flush()
+                pos += 1
+                inner, end = parse_seq(depth + 1)
+                if end != ")":
+                    raise where.error(f"unclosed '(' in template {text!r}")
+                parts.append(("alt", tuple(inner)))
+            elif ch == ")":
+                if depth == 0:
+                    raise where.error(f"unmatched ')' in template {text!r}")
+                flush()
+                alts.append(tuple(parts))
+                pos += 1
+                return alts, ")"
+            elif ch == "|":
+                if depth == 0:
+                    raise where.error(f"'|' outside parentheses in template {text!r}")
+                flush()
+                alts.append(tuple(parts))
+                parts = []
+                pos += 1
+            elif ch == "[":
+                end = text.find("]", pos)
+                name = text[pos + 1 : end] if end > 0 else ""
+                if end < 0 or not _NAME_RE.match(name):
+                    raise where.error(f"bad group reference at column {pos + 1} in {text!r}")
+                flush()
+                parts.append(("ref", name))
+                pos = end + 1
+            elif ch == "]":
+                raise where.error(f"unmatched ']' in template {text!r}")
+            elif ch == "{":
+                m = _SLOT_RE.match(text, pos)
+                if not m:
+                    raise where.error(f"bad slot marker at column {pos + 1} in {text!r}")
+                flush()
+                parts.append(("slot", m.group(1)))
+                pos = m.end()
+            elif ch == "}":
+                raise where.error(f"unmatched '}}' in template {text!r}")
+            else:
+                buf.append(ch)
+                pos += 1
+        flush()
+        alts.append(tuple(parts))
+        return alts, ""
+
+    seqs, _ = parse_seq(0)
+    return seqs[0]
+
+
+def _collect(template: _Template, slots: set[str], refs: set[str]) -> None:
+    for part in template:
+        if isinstance(part, str):
+            continue
+        kind, value = part
+        if kind == "slot":
+            slots.add(value)
+        elif kind == "ref":
+            refs.add(value)
+        else:
+            for alt in value:
+                _collect(alt, slots, refs)
+
+
+def _literal_text(text: str) -> str:
+    """The authored words of a template, markup replaced by spaces (for the banned-word check)."""
+    text = _SLOT_RE.sub(" ", text)
+    text = re.sub(r"\[[^\]]*\]", " ", text)
+    return re.sub(r"[()|]", " ", text)
+
+
+# ---------------------------------------------------------------- YAML node reading
+
+
+class _Reader:
+    """Walks a composed YAML node tree, raising LineBookError with file/line/field."""
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+
+    def where(self, node: yaml.Node, field: str) -> _Where:
+        return _Where(self.file, node.start_mark.line + 1, field)
+
+    def fail(self, node: yaml.Node, field: str, problem: str) -> LineBookError:
+        return self.where(node, field).error(problem)
+
+    def mapping(self, node: yaml.Node, field: str) -> list[tuple[str, yaml.Node, yaml.Node]]:
+        if not isinstance(node, yaml.MappingNode):
+            raise self.fail(node, field, "expected a mapping")
+        out: list[tuple[str, yaml.Node, yaml.Node]] = []
+        seen: set[str] = set()
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise self.fail(key_node, field, "keys must be plain names")
+            key = str(key_node.value)
+            if key in seen:
+                raise self.fail(key_node, f"{field}.{key}", "duplicate key")
+            seen.add(key)
+            out.append((key, key_node, value_node))
+        return out
+
+    def seq(self, node: yaml.Node, field: str) -> list[yaml.Node]:
+        if not isinstance(node, yaml.SequenceNode):
+            raise self.fail(node, field, "expected a list")
+        return list(node.value)
+
+    def string(self, node: yaml.Node, field: str) -> str:
+        if not isinstance(node, yaml.ScalarNode) or node.tag.endswith(":null"):
+            raise self.fail(node, field, "expected a string")
+        value = str(node.value)
+        if not value.strip():
+            raise self.fail(node, field, "empty string")
+        return value
+
+    def name(self, node: yaml.Node, field: str) -> str:
+        value = self.string(node, field)
+        if not _NAME_RE.match(value):
+            raise self.fail(node, field, f"{value!r} is not a name (lowercase letters, digits, _)")
+        return value
+
+    def names(self, node: yaml.Node, field: str) -> list[str]:
+        out: list[str] = []
+        for i, item in enumerate(self.seq(node, field)):
+            value = self.name(item, f"{field}[{i}]")
+            if value in out:
+                raise self.fail(item, f"{field}[{i}]", f"duplicate name {value!r}")
+            out.append(value)
+        return out
+
+    def integer(self, node: yaml.Node, field: str, lo: int, hi: int) -> int:
+        if not isinstance(node, yaml.ScalarNode) or not node.tag.endswith(":int"):
+            raise self.fail(node, field, "expected an integer")
+        value = int(node.value)
+        if not lo <= value <= hi:
+            raise self.fail(node, field, f"{value} is outside [{lo}, {hi}]")
+        return value
+
+
+# ---------------------------------------------------------------- the book
+
+
+@dataclass
+class _Pattern:
+    template: _Template
+    weight: int
+    tones: tuple[str, ...]
+    where: _Where
+
+
+@dataclass
+class _Raw:
+    """Sections as read, merged over files, before cross-checks."""
+
+    sections: dict[str, list[tuple[_Reader, str, yaml.Node, yaml.Node]]] = field(
+        default_factory=dict
+    )
+    lists: dict[str, list[tuple[_Reader, yaml.Node]]] = field(default_factory=dict)
+
+
+_MAP_SECTIONS = (
+    "archetypes",
+    "persona_traits",
+    "states",
+    "intents",
+    "context",
+    "replies",
+    "fallbacks",
+    "expansion",
+)
+_LIST_SECTIONS = ("slots", "banned_words", "compose", "heldout_pairs")
+
+
+class LineBook:
+    """A validated line book. Build it with :func:`load_line_book`."""
+
+    archetypes: list[str]
+    persona_traits: list[str]
+    states: list[str]
+    intents: list[str]
+    context: dict[str, list[str]]
+    slots: list[str]
+    banned_words: list[str]
+
+    def __init__(self, raw: _Raw) -> None:
+        self._sources: list[_Source] = []
+        self._read_lists(raw)
+        self._read_catalog(raw)
+        self._read_fragments(raw)
+        self._check_references()
+        self._examples: list[Example] | None = None
+
+    # -------------------------------------------------------------- reading
+
+    def _entries(self, raw: _Raw, section: str) -> list[tuple[_Reader, str, yaml.Node, yaml.Node]]:
+        return raw.sections.get(section, [])
+
+    def _require(self, raw: _Raw, section: str, file_hint: str) -> None:
+        if not raw.sections.get(section) and not raw.lists.get(section):
+            raise LineBookError(file_hint, 1, section, "required section is missing")
+
+    def _template(self, rd: _Reader, node: yaml.Node, field: str) -> _Source:
+        text = rd.string(node, field)
+        where = rd.where(node, field)
+        template = _parse_template(text, where)
+        literal = _literal_text(text).lower()
+        for word in self.banned_words:
+            if re.search(r"(?<![A-Za-z])" + re.escape(word) + r"(?![A-Za-z])", literal):
+                raise where.error(f"banned word {word!r} in {text!r}")
+        slots: set[str] = set()
+        refs: set[str] = set()
+        _collect(template, slots, refs)
+        for slot in sorted(slots):
+            if slot not in self.slots:
+                raise where.error(f"unknown slot {{{slot}}}; known slots: {self.slots}")
+        src = _Source(template, where, frozenset(slots), frozenset(refs))
+        self._sources.append(src)
+        return src
+
+    def _templates(self, rd: _Reader, node: yaml.Node, field: str) -> list[_Source]:
+        items = rd.seq(node, field)
+        if not items:
+            raise rd.fail(node, field, "needs at least one line")
+        return [self._template(rd, item, f"{field}[{i}]") for i, item in enumerate(items)]
+
+    def _read_lists(self, raw: _Raw) -> None:
+        self._first_file = next(
+            (rd.file for entries in raw.sections.values() for rd, *_ in entries),
+            next((rd.file for items in raw.lists.values() for rd, _ in items), "<linebook>"),
+        )
+        self.slots = []
+        self._slot_where: dict[str, _Where] = {}
+        for rd, node in raw.lists.get("slots", []):
+            for i, item in enumerate(rd.seq(node, "slots")):
+                name = rd.name(item, f"slots[{i}]")
+                if name in self.slots:
+                    raise rd.fail(item, f"slots[{i}]", f"duplicate slot {name!r}")
+                self.slots.append(name)
+        self.banned_words = []
+        for rd, node in raw.lists.get("banned_words", []):
+            for i, item in enumerate(rd.seq(node, "banned_words")):
+                word = rd.string(item, f"banned_words[{i}]").strip().lower()
+                if word not in self.banned_words:
+                    self.banned_words.append(word)
+
+    def _read_catalog(self, raw: _Raw) -> None:
+        for section in ("archetypes", "persona_traits", "states", "intents", "context"):
+            self._require(raw, section, self._first_file)
+        # persona traits
+        self.persona_traits = []
+        self._trait_excludes: dict[str, set[str]] = {}
+        self._trait_nodes: dict[str, tuple[_Reader, yaml.Node, str]] = {}
+        for rd, name, key, value in self._entries(raw, "persona_traits"):
+            f = f"persona_traits.{name}"
+            rd.name(key, f)
+            self.persona_traits.append(name)
+            self._trait_nodes[name] = (rd, value, f)
+        # states
+        self.states = []
+        self._state_tone: dict[str, str] = {}
+        self._state_slots: dict[str, set[str]] = {}
+        self._state_nodes: dict[str, tuple[_Reader, yaml.Node, str]] = {}
+        for rd, name, key, value in self._entries(raw, "states"):
+            f = f"states.{name}"
+            rd.name(key, f)
+            self.states.append(name)
+            self._state_nodes[name] = (rd, value, f)
+            tone = "calm"
+            slots: set[str] = set()
+            for k, knode, v in rd.mapping(value, f):
+                if k == "tone":
+                    tone = rd.string(v, f"{f}.tone")
+                    if tone not in TONES:
+                        raise rd.fail(v, f"{f}.tone", f"unknown tone {tone!r}; known: {list(TONES)}")
+                elif k == "slots":
+                    slots = set(self._slot_names(rd, v, f"{f}.slots"))
+                elif k not in ("leads", "description"):
+                    raise rd.fail(knode, f"{f}.{k}", "unknown field; known: description, tone, slots, leads")
+            self._state_tone[name] = tone
+            self._state_slots[name] = slots
+        # intents
+        self.intents = []
+        self._intent_slots: dict[str, set[str]] = {}
+        for rd, name, key, value in self._entries(raw, "intents"):
+            f = f"intents.{name}"
+            rd.name(key, f)
+            self.intents.append(name)
+            slots = set()
+            for k, knode, v in rd.mapping(value, f):
+                if k == "slots":
+                    slots = set(self._slot_names(rd, v, f"{f}.slots"))
+                elif k != "description":
+                    raise rd.fail(knode, f"{f}.{k}", "unknown field; known: description, slots")
+            self._intent_slots[name] = slots
+        # context slots and values
+        self.context = {}
+        self._context_nodes: dict[str, tuple[_Reader, yaml.Node, str]] = {}
+        for rd, slot, key, value in self._entries(raw, "context"):
+            f = f"context.{slot}"
+            rd.name(key, f)
+            if slot in self.slots:
+                raise rd.fail(key, f, "a context slot must not share its name with a free-text slot")
+            values: list[str] = []
+            for vname, vkey, _vnode in rd.mapping(value, f):
+                rd.name(vkey, f"{f}.{vname}")
+                values.append(vname)
+            if not values:
+                raise rd.fail(value, f, "needs at least one value")
+            self.context[slot] = values
+            self._context_nodes[slot] = (rd, value, f)
+        # archetypes
+        self.archetypes = []
+        self._arch_nodes: dict[str, tuple[_Reader, yaml.Node, str]] = {}
+        self._arch_slots: dict[str, set[str]] = {}
+        for rd, name, key, value in self._entries(raw, "archetypes"):
+            f = f"archetypes.{name}"
+            rd.name(key, f)
+            self.archetypes.append(name)
+            self._arch_nodes[name] = (rd, value, f)
+        for label, names in (
+            ("archetypes", self.archetypes),
+            ("persona_traits", self.persona_traits),
+            ("states", self.states),
+            ("intents", self.intents),
+        ):
+            if not names:
+                raise LineBookError(self._first_file, 1, label, "needs at least one entry")
+        clash = set(BUILTIN_GROUPS) | set(self.context)
+        for name in self.persona_traits:
+            rd, value, f = self._trait_nodes[name]
+            excludes: set[str] = set()
+            for k, knode, v in rd.mapping(value, f):
+                if k == "excludes":
+                    for i, item in enumerate(rd.seq(v, f"{f}.excludes")):
+                        other = rd.name(item, f"{f}.excludes[{i}]")
+                        if other not in self.persona_traits:
+                            raise rd.fail(item, f"{f}.excludes[{i}]", _unknown("persona trait", other, self.persona_traits))
+                        excludes.add(other)
+                elif k not in ("description", *TONES):
+                    raise rd.fail(knode, f"{f}.{k}", "unknown field; known: description, excludes, calm, urgent")
+            self._trait_excludes[name] = excludes
+        for name in self.persona_traits:
+            for other in self._trait_excludes[name]:
+                self._trait_excludes[other].add(name)
+        self._clash = clash
+
+    def _slot_names(self, rd: _Reader, node: yaml.Node, field: str) -> list[str]:
+        names = rd.names(node, field)
+        for i, name in enumerate(names):
+            if name not in self.slots:
+                raise rd.fail(rd.seq(node, field)[i], f"{field}[{i}]", _unknown("slot", name, self.slots))
+        return names
+
+    def _tone_lists(self, rd: _Reader, node: yaml.Node, field: str, slots: set[str]) -> dict[str, list[_Source]]:
+        out: dict[str, list[_Source]] = {t: [] for t in TONES}
+        for k, _knode, v in rd.mapping(node, field):
+            if k in TONES:
+                out[k] = self._templates(rd, v, f"{field}.{k}")
+                self._check_slots(out[k], slots)
+        return out
+
+    def _check_slots(self, sources: list[_Source], allowed: set[str]) -> None:
+        for src in sources:
+            extra = src.slots - allowed
+            if extra:
+                raise src.where.error(
+                    f"slot {{{sorted(extra)[0]}}} is not allowed here; allowed: {sorted(allowed)}"
+                )
+
+    def _read_fragments(self, raw: _Raw) -> None:
+        # persona moods
+        self._moods: dict[str, dict[str, list[_Source]]] = {}
+        for name in self.persona_traits:
+            rd, value, f = self._trait_nodes[name]
+            self._moods[name] = self._tone_lists(rd, value, f, set())
+        # state leads
+        self._leads: dict[str, list[_Source]] = {}
+        for name in self.states:
+            rd, value, f = self._state_nodes[name]
+            leads = [v for k, _kn, v in rd.mapping(value, f) if k == "leads"]
+            if not leads:
+                raise rd.fail(value, f"{f}.leads", "required field is missing")
+            self._leads[name] = self._templates(rd, leads[0], f"{f}.leads")
+            self._check_slots(self._leads[name], self._state_slots[name])
+        # context fragments
+        self._ctx_frags: dict[tuple[str, str], dict[str, list[_Source]]] = {}
+        for slot, values in self.context.items():
+            rd, node, f = self._context_nodes[slot]
+            for vname, _vkey, vnode in rd.mapping(node, f):
+                vf = f"{f}.{vname}"
+                if isinstance(vnode, yaml.ScalarNode) and vnode.tag.endswith(":null"):
+                    self._ctx_frags[(slot, vname)] = {t: [] for t in TONES}
+                    continue
+                for k, knode, _v in rd.mapping(vnode, vf):
+                    if k not in (*TONES, "description"):
+                        raise rd.fail(knode, f"{vf}.{k}", "unknown field; known: description, calm, urgent")
+                self._ctx_frags[(slot, vname)] = self._tone_lists(rd, vnode, vf, set())
+            assert list(values)
+        # archetypes: voice groups, persona defaults, slots
+        self._voice: dict[str, dict[str, list[_Source]]] = {}
+        self._voice_where: dict[str, _Where] = {}
+        self._tags: dict[str, dict[str, list[_Source]]] = {}
+        for name in self.archetypes:
+            rd, value, f = self._arch_nodes[name]
+            self._voice_where[name] = rd.where(value, f)
+            fields = {k: (knode, v) for k, knode, v in rd.mapping(value, f)}
+            for k, (knode, _v) in fields.items():
+                if k not in ("description", "slots", "voice", "tags"):
+                    raise rd.fail(knode, f"{f}.{k}", "unknown field; known: description, slots, voice, tags")
+            slots = set(self._slot_names(rd, fields["slots"][1], f"{f}.slots")) if "slots" in fields else set()
+            self._arch_slots[name] = slots
+            if "voice" not in fields:
+                raise rd.fail(value, f"{f}.voice", "required field is missing")
+            voice: dict[str, list[_Source]] = {}
+            for group, gkey, gnode in rd.mapping(fields["voice"][1], f"{f}.voice"):
+                gf = f"{f}.voice.{group}"
+                rd.name(gkey, gf)
+                if group in self._clash:
+                    raise rd.fail(gkey, gf, f"{group!r} is a reserved group name")
+                voice[group] = self._templates(rd, gnode, gf)
+                self._check_slots(voice[group], slots)
+            self._voice[name] = voice
+            if "tags" in fields:
+                self._tags[name] = self._tone_lists(rd, fields["tags"][1], f"{f}.tags", slots)
+            else:
+                self._tags[name] = {t: [] for t in TONES}
+        # replies: state -> intent -> templates
+        self._replies: dict[tuple[str, str], list[_Source]] = {}
+        for rd, state, key, value in self._entries(raw, "replies"):
+            f = f"replies.{state}"
+            if state not in self.states:
+                raise rd.fail(key, f, _unknown("state", state, self.states))
+            for intent, ikey, inode in rd.mapping(value, f):
+                if intent not in self.intents:
+                    raise rd.fail(ikey, f"{f}.{intent}", _unknown("intent", intent, self.intents))
+                if (state, intent) in self._replies:
+                    raise rd.fail(ikey, f"{f}.{intent}", "duplicate replies for this state and intent")
+                srcs = self._templates(rd, inode, f"{f}.{intent}")
+                self._check_slots(srcs, self._state_slots[state] | self._intent_slots[intent])
+                self._replies[(state, intent)] = srcs
+        for state in self.states:
+            for intent in self.intents:
+                if (state, intent) not in self._replies:
+                    raise LineBookError(
+                        self._first_file, 1, f"replies.{state}.{intent}", "no replies for this state and intent"
+                    )
+        # compose patterns
+        self._patterns: list[_Pattern] = []
+        for rd, node in raw.lists.get("compose", []):
+            for i, item in enumerate(rd.seq(node, "compose")):
+                f = f"compose[{i}]"
+                fields = {k: (knode, v) for k, knode, v in rd.mapping(item, f)}
+                for k, (knode, _v) in fields.items():
+                    if k not in ("pattern", "weight", "tones"):
+                        raise rd.fail(knode, f"{f}.{k}", "unknown field; known: pattern, weight, tones")
+                if "pattern" not in fields:
+                    raise rd.fail(item, f"{f}.pattern", "required field is missing")
+                src = self._template(rd, fields["pattern"][1], f"{f}.pattern")
+                if src.slots:
+                    raise src.where.error("a compose pattern may not use slots")
+                if "reply" not in src.refs:
+                    raise src.where.error("a compose pattern must use [reply]")
+                weight = rd.integer(fields["weight"][1], f"{f}.weight", 1, 1000) if "weight" in fields else 1
+                tones: tuple[str, ...] = TONES
+                if "tones" in fields:
+                    tones = tuple(rd.names(fields["tones"][1], f"{f}.tones"))
+                    for t in tones:
+                        if t not in TONES:
+                            raise rd.fail(fields["tones"][1], f"{f}.tones", f"unknown tone {t!r}; known: {list(TONES)}")
+                self._patterns.append(_Pattern(src.template, weight, tones, src.where))
+        if not self._patterns:
+            raise LineBookError(self._first_file, 1, "compose", "required section is missing")
+        for tone in TONES:
+            if not any(tone in p.tones for p in self._patterns):
+                raise LineBookError(self._first_file, 1, "compose", f"no pattern for tone {tone!r}")
+        # expansion settings
+        self.per_condition = 100
+        self.max_words = 24
+        self.min_words = 3
+        self.seed = 0
+        for rd, key_name, key, value in self._entries(raw, "expansion"):
+            f = f"expansion.{key_name}"
+            if key_name == "per_condition":
+                self.per_condition = rd.integer(value, f, 1, 100000)
+            elif key_name == "max_words":
+                self.max_words = rd.integer(value, f, 1, 200)
+            elif key_name == "min_words":
+                self.min_words = rd.integer(value, f, 1, 200)
+            elif key_name == "seed":
+                self.seed = rd.integer(value, f, 0, 2**31)
+            else:
+                raise rd.fail(key, f, "unknown field; known: per_condition, max_words, min_words, seed")
+        # held-out pairs
+        self.heldout_pairs: list[tuple[str, str]] = []
+        for rd, node in raw.lists.get("heldout_pairs", []):
+            for i, item in enumerate(rd.seq(node, "heldout_pairs")):
+                f = f"heldout_pairs[{i}]"
+                pair = rd.seq(item, f)
+                if len(pair) != 2:
+                    raise rd.fail(item, f, "expected [archetype, state]")
+                arch, state = rd.name(pair[0], f), rd.name(pair[1], f)
+                if arch not in self.archetypes:
+                    raise rd.fail(pair[0], f, _unknown("archetype", arch, self.archetypes))
+                if state not in self.states:
+                    raise rd.fail(pair[1], f, _unknown("state", state, self.states))
+                if (arch, state) in self.heldout_pairs:
+                    raise rd.fail(item, f, "duplicate held-out pair")
+                self.heldout_pairs.append((arch, state))
+        # fallbacks: state -> templates (voice groups allowed), or archetype -> state -> lines
+        self._fallbacks: dict[str, list[_Source]] = {}
+        self._fallback_overrides: dict[tuple[str, str], list[_Source]] = {}
+        for rd, name, key, value in self._entries(raw, "fallbacks"):
+            f = f"fallbacks.{name}"
+            if name in self.states:
+                srcs = self._templates(rd, value, f)
+                self._check_slots(srcs, self._state_slots[name])
+                self._fallbacks[name] = srcs
+            elif name in self.archetypes:
+                for state, skey, snode in rd.mapping(value, f):
+                    if state not in self.states:
+                        raise rd.fail(skey, f"{f}.{state}", _unknown("state", state, self.states))
+                    srcs = self._templates(rd, snode, f"{f}.{state}")
+                    self._check_slots(srcs, self._state_slots[state] | self._arch_slots[name])
+                    self._fallback_overrides[(name, state)] = srcs
+            else:
+                raise rd.fail(key, f, _unknown("state or archetype", name, self.states + self.archetypes))
+        for state in self.states:
+            if state not in self._fallbacks:
+                raise LineBookError(self._first_file, 1, f"fallbacks.{state}", "no fallback lines for this state")
+
+    def _check_references(self) -> None:
+        voice_groups = {g for v in self._voice.values() for g in v}
+        known = set(BUILTIN_GROUPS) | set(self.context) | voice_groups
+        for src in self._sources:
+            for ref in sorted(src.refs):
+                if ref not in known:
+                    raise src.where.error(_unknown("group", f"[{ref}]", sorted(f"[{k}]" for k in known)))
+                if ref in voice_groups:
+                    for arch in self.archetypes:
+                        if ref not in self._voice[arch]:
+                            raise self._voice_where[arch].error(
+                                f"voice group {ref!r} is used at {src.where.file}:{src.where.line} "
+                                f"but archetype {arch!r} does not define it"
+                            )
+        # fragments that are drawn inside other fragments must not recurse into lead/reply
+        for srcs in [*self._leads.values(), *self._replies.values()]:
+            for src in srcs:
+                bad = src.refs & {"lead", "reply", "tag"}
+                if bad:
+                    raise src.where.error(f"[{sorted(bad)[0]}] may only be used in compose patterns")
+        for group in [*self._voice.values()]:
+            for srcs in group.values():
+                for src in srcs:
+                    if src.refs & (set(BUILTIN_GROUPS) | voice_groups):
+                        raise src.where.error("voice fragments may not reference other groups")
+
+    # -------------------------------------------------------------- public API
+
+    def catalog(self) -> dict[str, list[str] | dict[str, list[str]]]:
+        """The closed vocabulary a prompt is made of (saved as catalog.json beside a model)."""
+        return {
+            "archetypes": list(self.archetypes),
+            "persona_traits": list(self.persona_traits),
+            "states": list(self.states),
+            "intents": list(self.intents),
+            "context": {k: list(v) for k, v in self.context.items()},
+            "slots": list(self.slots),
+        }
+
+    def allowed_slots(self, archetype: str, state: str, intent: str) -> set[str]:
+        """Free-text slots a generated line for this condition may contain."""
+        _check_known("archetype", archetype, self.archetypes)
+        _check_known("state", state, self.states)
+        _check_known("intent", intent, self.intents)
+        return set(self._arch_slots[archetype] | self._state_slots[state] | self._intent_slots[intent])
+
+    def examples(self) -> list[Example]:
+        """Every expanded example, in catalog order (archetype, state, intent), deterministic.
+
+        Texts are distinct within a condition; a text never appears under two states.
+        """
+        if self._examples is None:
+            self._examples = list(self._expand_all())
+        return list(self._examples)
+
+    def split(self, seed: int = 0) -> Split:
+        """Train / val / test (about 90 / 5 / 5, by a hash of seed and text) plus held-out pairs."""
+        heldout_pairs = set(self.heldout_pairs)
+        heldout = [e for e in self.examples() if (e.archetype, e.state) in heldout_pairs]
+        heldout_texts = {e.text for e in heldout}
+        train: list[Example] = []
+        val: list[Example] = []
+        test: list[Example] = []
+        for e in self.examples():
+            if (e.archetype, e.state) in heldout_pairs or e.text in heldout_texts:
+                continue
+            digest = hashlib.sha256(f"{seed}\x00{e.text}".encode()).digest()
+            bucket = int.from_bytes(digest[:4], "big") % 100
+            (train if bucket < 90 else val if bucket < 95 else test).append(e)
+        return Split(train, val, test, heldout, list(self.heldout_pairs))
+
+    def fallback_lines(self) -> dict[tuple[str, str], list[str]]:
+        """Authored short lines per (archetype, state), for when the model misses its deadline.
+
+        Archetype-specific fallbacks are used where written; otherwise the state's fallback
+        templates are expanded with the archetype's voice (every alternative, in order).
+        """
+        out: dict[tuple[str, str], list[str]] = {}
+        for arch in self.archetypes:
+            for state in self.states:
+                srcs = self._fallback_overrides.get((arch, state)) or self._fallbacks[state]
+                lines: list[str] = []
+                for src in srcs:
+                    for text in self._enumerate(src.template, arch, limit=3):
+                        line = _normalize("".join(text))
+                        if line not in lines:
+                            lines.append(line)
+                out[(arch, state)] = lines
+        return out
+
+    # -------------------------------------------------------------- expansion
+
+    def _enumerate(self, template: _Template, arch: str, limit: int) -> Iterator[list[str]]:
+        """Up to ``limit`` expansions of a fallback template, first alternatives first."""
+        results: list[list[str]] = [[]]
+        for part in template:
+            options: list[list[str]]
+            if isinstance(part, str):
+                options = [[part]]
+            elif part[0] == "slot":
+                options = [["{" + part[1] + "}"]]
+            elif part[0] == "ref":
+                options = [
+                    seq for src in self._voice[arch][part[1]] for seq in self._enumerate(src.template, arch, limit)
+                ][:limit] if part[1] in self._voice[arch] else [[""]]
+            else:
+                options = [seq for alt in part[1] for seq in self._enumerate(alt, arch, limit)][:limit]
+            results = [r + o for r in results for o in options][:limit]
+        yield from results
+
+    def _expand_all(self) -> Iterator[Example]:
+        text_state: dict[str, tuple[str, str, str]] = {}
+        ctx_slots = list(self.context)
+        for arch in self.archetypes:
+            for state in self.states:
+                tone = self._state_tone[state]
+                patterns = [p for p in self._patterns if tone in p.tones]
+                weights = [p.weight for p in patterns]
+                for intent in self.intents:
+                    rng = random.Random(f"{self.seed}:{arch}:{state}:{intent}")
+                    seen: set[str] = set()
+                    attempts = 0
+                    while len(seen) < self.per_condition and attempts < self.per_condition * 8:
+                        attempts += 1
+                        persona = self._draw_persona(rng)
+                        ctx = {slot: rng.choice(self.context[slot]) for slot in ctx_slots}
+                        pattern = rng.choices(patterns, weights)[0]
+                        env = _Env(self, arch, state, intent, tone, persona, ctx, rng)
+                        text = _normalize("".join(env.expand(pattern.template)))
+                        n_words = len(text.split())
+                        if text in seen or not self.min_words <= n_words <= self.max_words:
+                            continue
+                        other = text_state.get(text)
+                        if other is not None and other[0] != state:
+                            raise pattern.where.error(
+                                f"the line {text!r} is produced for state {state!r} "
+                                f"({arch}, {intent}) and for state {other[0]!r} ({other[1]}, {other[2]}); "
+                                "every line must belong to one state"
+                            )
+                        text_state.setdefault(text, (state, arch, intent))
+                        seen.add(text)
+                        yield Example(
+                            archetype=arch,
+                            persona=persona,
+                            state=state,
+                            intent=intent,
+                            context=tuple(sorted(ctx.items())),
+                            text=text,
+                        )
+
+    def _draw_persona(self, rng: random.Random) -> tuple[str, ...]:
+        first = rng.choice(self.persona_traits)
+        if rng.random() < 0.5:
+            return (first,)
+        others = [t for t in self.persona_traits if t != first and t not in self._trait_excludes[first]]
+        if not others:
+            return (first,)
+        return tuple(sorted((first, rng.choice(others))))
+
+
+class _Env:
+    """Resolves groups for one sampled line; the drawn persona and context decide fragments."""
+
+    __slots__ = ("arch", "book", "ctx", "intent", "persona", "rng", "state", "tone", "voice")
+
+    def __init__(
+        self,
+        book: LineBook,
+        arch: str,
+        state: str,
+        intent: str,
+        tone: str,
+        persona: tuple[str, ...],
+        ctx: dict[str, str],
+        rng: random.Random,
+    ) -> None:
+        self.book, self.arch, self.state, self.intent = book, arch, state, intent
+        self.tone, self.persona, self.ctx, self.rng = tone, persona, ctx, rng
+        self.voice: dict[str, _Source] = {}
+
+    def expand(self, template: _Template) -> list[str]:
+        out: list[str] = []
+        for part in template:
+            if isinstance(part, str):
+                out.append(part)
+                continue
+            kind, value = part
+            if kind == "slot":
+                out.append("{" + value + "}")
+            elif kind == "alt":
+                out.extend(self.expand(self.rng.choice(value)))
+            else:
+                src = self._pick(value)
+                if src is not None:
+                    out.extend(self.expand(src.template))
+        return out
+
+    def _pick(self, group: str) -> _Source | None:
+        book, rng = self.book, self.rng
+        options: Sequence[_Source]
+        if group == "lead":
+            options = book._leads[self.state]
+        elif group == "reply":
+            options = book._replies[(self.state, self.intent)]
+        elif group == "tag":
+            options = book._tags[self.arch][self.tone]
+        elif group == "mood":
+            options = [s for t in self.persona for s in book._moods[t][self.tone]]
+        elif group == "ctx":
+            slots = [s for s in self.ctx if book._ctx_frags[(s, self.ctx[s])][self.tone]]
+            if not slots:
+                return None
+            slot = rng.choice(slots)
+            options = book._ctx_frags[(slot, self.ctx[slot])][self.tone]
+        elif group in book.context:
+            options = book._ctx_frags[(group, self.ctx[group])][self.tone]
+        else:
+            # one address / place / ... per line: a speaker does not switch names mid-line
+            if group not in self.voice:
+                self.voice[group] = rng.choice(book._voice[self.arch][group])
+            return self.voice[group]
+        return rng.choice(options) if options else None
+
+
+_SPACE_RE = re.compile(r"\s+")
+_SPACE_PUNCT_RE = re.compile(r"\s+([,.!?;:])")
+_SENTENCE_RE = re.compile(r"(^|[.!?]\s+)([a-z])")
+
+
+def _normalize(text: str) -> str:
+    """Collapse spaces, drop spaces before punctuation, capitalise sentence starts."""
+    text = _SPACE_RE.sub(" ", text).strip()
+    text = _SPACE_PUNCT_RE.sub(r"\1", text)
+    text = re.sub(r",([.!?])", r"\1", text)
+    return _SENTENCE_RE.sub(lambda m: m.group(1) + m.group(2).upper(), text)
+
+
+def _unknown(kind: str, value: str, known: Sequence[str]) -> str:
+    return f"unknown {kind} {value!r}; known: {', '.join(closest_first(value, known))}"
+
+
+def closest_first(value: str, known: Sequence[str]) -> list[str]:
+    """``known`` reordered with the closest matches to ``value`` first (difflib)."""
+    close = difflib.get_close_matches(value, list(known), n=len(known), cutoff=0.0)
+    return close + [k for k in known if k not in close]
+
+
+def _check_known(kind: str, value: str, known: Sequence[str]) -> None:
+    if value not in known:
+        raise ValueError(_unknown(kind, value, known))
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _read_file(path: Path, raw: _Raw) -> None:
+    file = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise LineBookError(file, 1, "<file>", f"not UTF-8: {exc}") from exc
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else 1
+        raise LineBookError(file, line, "<yaml>", str(exc.problem or exc.context)) from exc
+    if root is None:
+        return
+    rd = _Reader(file)
+    for section, key, value in rd.mapping(root, "<top>"):
+        if section in _MAP_SECTIONS:
+            bucket = raw.sections.setdefault(section, [])
+            for name, nkey, nvalue in rd.mapping(value, section):
+                for other_rd, other_name, other_key, _ in bucket:
+                    if other_name == name:
+                        raise rd.fail(
+                            nkey,
+                            f"{section}.{name}",
+                            f"already defined at {other_rd.file}:{other_key.start_mark.line + 1}",
+                        )
+                bucket.append((rd, name, nkey, nvalue))
+        elif section in _LIST_SECTIONS:
+            rd.seq(value, section)
+            raw.lists.setdefault(section, []).append((rd, value))
+        else:
+            raise rd.fail(
+                key, section, _unknown("section", section, [*_MAP_SECTIONS, *_LIST_SECTIONS])
+            )
+
+
+def load_line_book(path: str | Path | None = None) -> LineBook:
+    """Load and validate a line book: a YAML file, a directory of them, or None for the default."""
+    root = Path(path) if path is not None else DEFAULT_PATH
+    if root.is_dir():
+        files = sorted(p for p in root.iterdir() if p.suffix in (".yaml", ".yml"))
+        if not files:
+            raise LineBookError(str(root), 0, "<directory>", "no .yaml files")
+    elif root.is_file():
+        files = [root]
+    else:
+        raise LineBookError(str(root), 0, "<path>", "no such file or directory")
+    raw = _Raw()
+    for file in files:
+        _read_file(file, raw)
+    return LineBook(raw)
