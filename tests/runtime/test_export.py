@@ -196,13 +196,13 @@ def test_default_config_int4_file_fits_the_budget(tmp_path):
 
 
 def test_bad_options_are_rejected_with_the_reason():
-    with pytest.raises(ExportError, match="qmoe.*int4"):
+    with pytest.raises(ExportError, match=r"qmoe.*int4"):
         ExportOptions(weights="fp32", moe="qmoe")
     with pytest.raises(ExportError, match="moe must be one of"):
         ExportOptions(moe="sparse")
     with pytest.raises(ExportError, match="accuracy_level"):
         ExportOptions(accuracy_level=7)
-    with pytest.raises(ExportError, match="no 'transformer.h.0.attn.c_attn.weight'"):
+    with pytest.raises(ExportError, match=r"no 'transformer\.h\.0\.attn\.c_attn\.weight'"):
         sd = tiny_model().state_dict()
         del sd["transformer.h.0.attn.c_attn.weight"]
         build_onnx(sd, tiny_config())

@@ -1,0 +1,182 @@
+"""The minimal onnxruntime decoder for an exported Flash model (what eval and the engine build on).
+
+A model directory (``flashnpc export`` output; default: the shipped ``runtime/assets/flash/``)
+holds ``model.int4.onnx`` (shipped), ``model.onnx`` (fp32 reference), ``tokenizer.json``,
+``config.json`` and ``catalog.json``. The graph interface is documented in
+:mod:`runtime.export`; :meth:`FlashOnnx.step` is one call of it.
+
+The session is tuned for a game client sharing the CPU: ``intra_op_num_threads=1`` by default,
+no spinning thread pool (``session.intra_op.allow_spinning=0``), all graph optimisations.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnxruntime as ort
+
+from runtime.sampling import sample_next
+
+if TYPE_CHECKING:
+    from runtime.tokenizer import Tokenizer
+
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "flash"
+
+
+def session_options(threads: int = 1) -> ort.SessionOptions:
+    """Session options for a client: ``threads`` intra-op threads, no spinning, ORT_ENABLE_ALL."""
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return so
+
+
+class FlashOnnx:
+    """An exported Flash model in an onnxruntime session, with its tokenizer, config and catalog.
+
+    ``past`` / ``present`` are lists of 2 * n_layer float32 arrays in graph order
+    (key_0, value_0, key_1, value_1, ...), each [B, n_head, P, head_dim].
+    """
+
+    def __init__(self, session: ort.InferenceSession, config: Mapping[str, Any], *,
+                 tokenizer: Tokenizer | None = None, catalog: Mapping[str, Any] | None = None) -> None:
+        self.session = session
+        self.config: dict[str, Any] = dict(config)
+        self.tokenizer = tokenizer  # type: ignore[assignment]
+        self.catalog: dict[str, Any] = dict(catalog or {})
+        try:
+            self.n_layer = int(self.config["n_layer"])
+            self.n_head = int(self.config["n_head"])
+            self.head_dim = int(self.config["n_embd"]) // self.n_head
+            self.block_size = int(self.config["block_size"])
+        except KeyError as exc:
+            raise ValueError(f"model config is missing {exc.args[0]!r}") from exc
+        inputs = {i.name for i in session.get_inputs()}
+        want = {"input_ids", "position_ids", "attention_mask"}
+        want |= {f"past_{k}_{i}" for i in range(self.n_layer) for k in ("key", "value")}
+        if missing := sorted(want - inputs):
+            raise ValueError(f"ONNX graph lacks inputs {missing}: not a Flash export for this config")
+        self._outputs = [o.name for o in session.get_outputs()]
+        self._present = [f"present_{k}_{i}" for i in range(self.n_layer) for k in ("key", "value")]
+
+    @classmethod
+    def load(cls, model_dir: str | Path | None = None, *, file: str = "model.int4.onnx",
+             threads: int = 1) -> FlashOnnx:
+        """Open ``model_dir/file`` (default: the shipped model) with its tokenizer/config/catalog."""
+        root = Path(model_dir) if model_dir is not None else DEFAULT_MODEL_DIR
+        for name in (file, "config.json", "tokenizer.json"):
+            if not (root / name).is_file():
+                raise FileNotFoundError(f"{root / name}: missing (export a model with `flashnpc export`)")
+        from runtime.tokenizer import Tokenizer
+
+        config = json.loads((root / "config.json").read_text())
+        catalog_path = root / "catalog.json"
+        catalog = json.loads(catalog_path.read_text()) if catalog_path.is_file() else {}
+        session = ort.InferenceSession(str(root / file), session_options(threads),
+                                       providers=["CPUExecutionProvider"])
+        return cls(session, config, tokenizer=Tokenizer.load(root / "tokenizer.json"), catalog=catalog)
+
+    def empty_past(self, batch: int) -> list[np.ndarray]:
+        """Past tensors of length 0 for ``batch`` rows."""
+        shape = (batch, self.n_head, 0, self.head_dim)
+        return [np.zeros(shape, np.float32) for _ in range(2 * self.n_layer)]
+
+    def step(self, input_ids: np.ndarray, past: list[np.ndarray] | None, *,
+             attention_mask: np.ndarray | None = None, position_ids: np.ndarray | None = None,
+             ) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
+        """Run ``input_ids`` [B, T] after ``past`` (None = nothing cached).
+
+        Returns (logits [B, T, V], present (past for the next step), router_probs
+        [n_moe_layers, B*T, n_expert]). Positions default to P + arange(T) and the mask to all
+        ones; pass both for left-padded batches (see :mod:`runtime.export`).
+        """
+        ids = np.asarray(input_ids)
+        if ids.ndim != 2 or ids.shape[1] == 0 or not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(f"input_ids must be a non-empty integer [batch, time] array, got "
+                             f"shape {ids.shape} dtype {ids.dtype}")
+        b, t = ids.shape
+        if past is None:
+            past = self.empty_past(b)
+        if len(past) != 2 * self.n_layer:
+            raise ValueError(f"past has {len(past)} arrays, expected {2 * self.n_layer} (k, v per layer)")
+        p = past[0].shape[2]
+        if past[0].shape[0] != b:
+            raise ValueError(f"past batch {past[0].shape[0]} != input_ids batch {b}")
+        if p + t > self.block_size:
+            raise ValueError(f"{p} cached + {t} new tokens exceed the context of {self.block_size}")
+        if position_ids is None:
+            position_ids = np.broadcast_to(np.arange(p, p + t, dtype=np.int64), (b, t))
+        if attention_mask is None:
+            attention_mask = np.ones((b, p + t), np.int64)
+        if np.shape(attention_mask) != (b, p + t):
+            raise ValueError(f"attention_mask shape {np.shape(attention_mask)} != (batch, past + new) "
+                             f"= {(b, p + t)}")
+        if np.shape(position_ids) != (b, t):
+            raise ValueError(f"position_ids shape {np.shape(position_ids)} != input_ids shape {(b, t)}")
+        feeds: dict[str, np.ndarray] = {
+            "input_ids": ids.astype(np.int64, copy=False),
+            "position_ids": np.ascontiguousarray(position_ids, dtype=np.int64),
+            "attention_mask": np.ascontiguousarray(attention_mask, dtype=np.int64),
+        }
+        for i in range(self.n_layer):
+            feeds[f"past_key_{i}"] = past[2 * i]
+            feeds[f"past_value_{i}"] = past[2 * i + 1]
+        out = dict(zip(self._outputs, self.session.run(self._outputs, feeds)))
+        return out["logits"], [out[n] for n in self._present], out["router_probs"]
+
+    def generate_ids(self, prompt_ids: Sequence[int], *, max_tokens: int = 32,
+                     temperature: float = 0.8, top_k: int = 0, top_p: float = 0.95,
+                     seed: int | None = None, eos_id: int | None = None) -> list[int]:
+        """Sample a continuation of ``prompt_ids``: prefill once, then one token per step with the KV cache.
+
+        Returns the new ids without the final ``eos``; stops at ``eos``, after
+        ``max_tokens`` or when the context is full. Same seed + same prompt = same ids.
+        """
+        if len(prompt_ids) == 0:
+            raise ValueError("prompt_ids is empty")
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        if eos_id is None:
+            if self.tokenizer is None:
+                raise ValueError("no tokenizer loaded: pass eos_id")
+            eos_id = self.tokenizer.eos_id
+        rng = np.random.default_rng(seed)
+        budget = min(max_tokens, self.block_size - len(prompt_ids))
+        out: list[int] = []
+        if budget <= 0:
+            return out
+        logits, past, _ = self.step(np.asarray([prompt_ids], dtype=np.int64), None)
+        while True:
+            nxt = sample_next(logits[0, -1], rng, temperature=temperature, top_k=top_k, top_p=top_p)
+            if nxt == eos_id:
+                break
+            out.append(nxt)
+            if len(out) >= budget:
+                break
+            logits, past, _ = self.step(np.asarray([[nxt]], dtype=np.int64), past)
+        return out
+
+    def generate(self, archetype: str, state: str, *, persona: Sequence[str] = (),
+                 intent: str = "approach",
+                 context: Mapping[str, str] | Iterable[tuple[str, str]] | None = None,
+                 seed: int | None = None, max_tokens: int = 32, temperature: float = 0.8,
+                 top_p: float = 0.95) -> str:
+        """One line for the request; slot markers such as ``{player}`` are left in the text."""
+        if self.tokenizer is None:
+            raise ValueError("no tokenizer loaded: use FlashOnnx.load(model_dir)")
+        ids, _ = self.tokenizer.encode_prompt(archetype, persona, state, intent, context or {})
+        new = self.generate_ids(ids, max_tokens=max_tokens, temperature=temperature,
+                                top_p=top_p, seed=seed)
+        return self.tokenizer.decode(new)
+
+
+__all__ = ["DEFAULT_MODEL_DIR", "FlashOnnx", "session_options"]

@@ -1,0 +1,82 @@
+"""Next-token sampling from a logits row, in numpy, reproducible for a seeded generator.
+
+``sample_next(logits, rng, temperature=..., top_k=..., top_p=...)``:
+
+- ``temperature == 0``: greedy (argmax, the lowest id on ties); ``rng`` is not used.
+- otherwise softmax(logits / temperature), then keep the ``top_k`` most likely tokens
+  (``top_k <= 0``: all), then the smallest set of most likely tokens whose probability
+  sums to at least ``top_p`` (``top_p >= 1``: all; the most likely token is always kept),
+  renormalise and draw one token with ``rng``.
+
+The draw uses exactly one ``rng.random()`` per sampled token, so a generator seeded the
+same way gives the same tokens for the same logits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _check(temperature: float, top_k: int, top_p: float) -> None:
+    if not np.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    if int(top_k) != top_k:
+        raise ValueError(f"top_k must be an int (0 = no limit), got {top_k!r}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+
+
+def filtered_probs(logits: np.ndarray, *, temperature: float = 1.0, top_k: int = 0,
+                   top_p: float = 1.0) -> np.ndarray:
+    """The distribution :func:`sample_next` draws from (float64, sums to 1; zeros outside).
+
+    ``temperature`` must be > 0 here (greedy has no distribution).
+    """
+    _check(temperature, top_k, top_p)
+    if temperature == 0:
+        raise ValueError("filtered_probs needs temperature > 0 (temperature 0 is greedy)")
+    row = np.asarray(logits, dtype=np.float64).reshape(-1)
+    if row.size == 0 or not np.isfinite(row).any():
+        raise ValueError("logits must be a non-empty row with at least one finite value")
+    z = row / temperature
+    z = np.where(np.isnan(z), -np.inf, z)
+    order = np.argsort(-z, kind="stable")  # most likely first, lowest id first on ties
+    if 0 < top_k < row.size:
+        order = order[:top_k]
+    kept = z[order]
+    p = np.exp(kept - kept[0])
+    p /= p.sum()
+    if top_p < 1.0:
+        # keep tokens until the cumulative probability before them reaches top_p
+        cum_before = np.cumsum(p) - p
+        n_keep = max(1, int(np.count_nonzero(cum_before < top_p)))
+        order, p = order[:n_keep], p[:n_keep]
+        p = p / p.sum()
+    out = np.zeros(row.size, dtype=np.float64)
+    out[order] = p
+    return out
+
+
+def sample_next(logits: np.ndarray, rng: np.random.Generator | None = None, *,
+                temperature: float = 0.8, top_k: int = 0, top_p: float = 0.95) -> int:
+    """Pick the next token id from one logits row [V] (see the module docstring)."""
+    _check(temperature, top_k, top_p)
+    row = np.asarray(logits).reshape(-1)
+    if temperature == 0:
+        if row.size == 0:
+            raise ValueError("logits must be a non-empty row")
+        return int(np.argmax(row))
+    if rng is None:
+        raise ValueError("sampling with temperature > 0 needs an rng (np.random.default_rng(seed))")
+    p = filtered_probs(row, temperature=temperature, top_k=top_k, top_p=top_p)
+    cdf = np.cumsum(p)
+    idx = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    # searchsorted can land on a zero-probability id after the last kept one only through
+    # rounding at the very top of the cdf; step back to the last id with probability
+    idx = min(idx, row.size - 1)
+    while p[idx] == 0:
+        idx -= 1
+    return idx
+
+
+__all__ = ["filtered_probs", "sample_next"]
