@@ -240,3 +240,23 @@ def test_export_checkpoint_names_the_missing_file(tmp_path):
     (tmp_path / "ckpt" / "catalog.json").unlink()
     with pytest.raises(ExportError, match=r"catalog\.json: missing"):
         export_checkpoint(tmp_path / "ckpt", tmp_path / "out")
+
+
+def test_flashnpc_export_cli_writes_the_model_directory(tmp_path, capsys):
+    from plugin.cli import main
+
+    write_checkpoint(tmp_path / "ckpt", tiny_model())
+    code = main(["export", "--model", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"),
+                 "--accuracy-level", "0"])
+    assert code == 0
+    assert "model.int4.onnx" in capsys.readouterr().out
+    info = json.loads((tmp_path / "out" / "export.json").read_text())
+    assert info["int4"]["accuracy_level"] == 0
+
+
+def test_flashnpc_export_cli_reports_a_missing_checkpoint(tmp_path, capsys):
+    from plugin.cli import main
+
+    code = main(["export", "--model", str(tmp_path / "nothing"), "--out", str(tmp_path / "out")])
+    assert code == 2
+    assert "missing" in capsys.readouterr().err
