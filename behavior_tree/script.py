@@ -532,7 +532,8 @@ class _Compiler:
             truth = self._truth(node.operand)
 
             def negate(env: Any) -> bool:
-                return not truth(operand(env))
+                v = operand(env)
+                return v is False or (v is not True and not truth(v))
 
             return negate, constant
 
@@ -570,12 +571,20 @@ class _Compiler:
         if op == "&&":
 
             def and_(env: Any) -> bool:
-                return left_truth(left(env)) and right_truth(right(env))
+                a = left(env)
+                if a is False or (a is not True and not left_truth(a)):
+                    return False
+                b = right(env)
+                return b if b is True or b is False else right_truth(b)
 
             return and_
 
         def or_(env: Any) -> bool:
-            return left_truth(left(env)) or right_truth(right(env))
+            a = left(env)
+            if a is True or (a is not False and left_truth(a)):
+                return True
+            b = right(env)
+            return b if b is True or b is False else right_truth(b)
 
         return or_
 
@@ -626,8 +635,13 @@ class _Compiler:
         if len(checks) == 1:
             check, left, right = checks[0], operands[0], operands[1]
 
+            pyop = _ORDERING[node.ops[0]]
+
             def compare(env: Any) -> bool:
-                return check(left(env), right(env))
+                a, b = left(env), right(env)
+                if type(a) in _NUMERIC and type(b) in _NUMERIC:  # fast path, checks inlined
+                    return pyop(a, b)
+                return check(a, b)
 
             return compare, constant
 
@@ -668,7 +682,8 @@ class _Compiler:
         truth = self._truth(node.condition)
 
         def choose(env: Any) -> Any:
-            return then(env) if truth(condition(env)) else otherwise(env)
+            c = condition(env)
+            return then(env) if c is True or (c is not False and truth(c)) else otherwise(env)
 
         return choose, c1 and c2 and c3
 
