@@ -101,3 +101,43 @@ def test_session_options_keep_one_quiet_thread():
 def test_load_names_the_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"model\.int4\.onnx: missing"):
         FlashOnnx.load(tmp_path)
+
+
+def test_exported_directory_loads_and_generates_lines_reproducibly(tmp_path):
+    import json
+    from dataclasses import asdict
+
+    import torch
+
+    from runtime.export import export_checkpoint
+    from runtime.linebook import load_line_book
+    from runtime.tokenizer import train_tokenizer
+
+    book = load_line_book()
+    catalog = book.catalog()
+    tok = train_tokenizer(["Halt, {player}! Who goes there?", "Fine weather for trading."],
+                          catalog, vocab_size=400)
+    model = tiny_model(tiny_config(vocab_size=tok.vocab_size, block_size=48))
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    torch.save({"config": asdict(model.config), "model": model.state_dict(), "step": 1}, ckpt / "model.pt")
+    (ckpt / "config.json").write_text(json.dumps(asdict(model.config)))
+    (ckpt / "catalog.json").write_text(json.dumps(catalog))
+    tok.save(ckpt / "tokenizer.json")
+    export_checkpoint(ckpt, tmp_path / "flash")
+
+    fallbacks = json.loads((tmp_path / "flash" / "fallbacks.json").read_text())
+    (arch, state), lines = next(iter(book.fallback_lines().items()))
+    assert fallbacks[arch][state] == list(lines)
+
+    m = FlashOnnx.load(tmp_path / "flash")
+    assert m.catalog == catalog and m.tokenizer.vocab_size == tok.vocab_size
+    request = dict(persona=[catalog["persona_traits"][0]], intent=catalog["intents"][0])
+    arch, state = catalog["archetypes"][0], catalog["states"][0]
+    a = m.generate(arch, state, seed=3, max_tokens=10, temperature=1.0, **request)
+    b = m.generate(arch, state, seed=3, max_tokens=10, temperature=1.0, **request)
+    assert isinstance(a, str) and a == b
+    ids, _ = tok.encode_prompt(arch, request["persona"], state, request["intent"], {})
+    assert a == tok.decode(m.generate_ids(ids, seed=3, max_tokens=10, temperature=1.0))
+    fp32 = FlashOnnx.load(tmp_path / "flash", file="model.onnx")
+    assert fp32.session.get_inputs()[0].name == "input_ids"
