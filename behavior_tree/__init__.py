@@ -1,1 +1,84 @@
-"""behavior_tree package."""
+"""behavior_tree: BehaviorTree.CPP v4 semantics in fast, plain CPython.
+
+    from behavior_tree import Factory, Status
+
+    factory = Factory()
+    factory.register_condition("IsHungry", lambda ctx: ctx.blackboard.get("hunger") > 50)
+    factory.register_action("Eat", lambda ctx: Status.SUCCESS)
+    tree = factory.create_tree(xml_text)       # BT.CPP v4 XML (Groot2 files load as is)
+    tree.tick()                                # exactly one tick
+    tree.halt()
+
+See docs/behavior_tree.md for the node catalogue and semantics.
+"""
+
+from . import builder
+from .blackboard import Blackboard
+from .controls import (
+    Fallback,
+    IfThenElse,
+    Parallel,
+    ParallelAll,
+    ReactiveFallback,
+    ReactiveSequence,
+    Sequence,
+    SequenceWithMemory,
+    Switch,
+    WhileDoElse,
+)
+from .decorators import (
+    Cooldown,
+    Delay,
+    ForceFailure,
+    ForceSuccess,
+    Inverter,
+    KeepRunningUntilFailure,
+    Precondition,
+    Repeat,
+    RetryUntilSuccessful,
+    RunOnce,
+    Timeout,
+)
+from .definition import Element, NodeSpec, TreeDefinition
+from .errors import (
+    BehaviorTreeError,
+    BlackboardError,
+    BlackboardTypeError,
+    NodeConfigError,
+    PortError,
+    TreeLoadError,
+    XMLFormatError,
+)
+from .factory import Factory, Registration
+from .leaves import AlwaysFailure, AlwaysSuccess, SetBlackboard, Sleep
+from .node import (
+    ActionNode,
+    AsyncAction,
+    ConditionNode,
+    ControlNode,
+    DecoratorNode,
+    LeafNode,
+    StatefulAction,
+    TreeNode,
+)
+from .ports import BidirectionalPort, InputPort, OutputPort, Port
+from .scheduler import TreeScheduler
+from .script_nodes import Script, ScriptCondition
+from .status import Status
+from .subtree import SubTree
+from .trace import TickRecord, TickTrace, Transition
+from .tree import NodeError, Tree
+
+__all__ = [
+    "ActionNode", "AlwaysFailure", "AlwaysSuccess", "AsyncAction", "BehaviorTreeError",
+    "BidirectionalPort", "Blackboard", "BlackboardError", "BlackboardTypeError",
+    "ConditionNode", "ControlNode", "Cooldown", "DecoratorNode", "Delay", "Element",
+    "Factory", "Fallback", "ForceFailure", "ForceSuccess", "IfThenElse", "InputPort",
+    "Inverter", "KeepRunningUntilFailure", "LeafNode", "NodeConfigError", "NodeError",
+    "NodeSpec", "OutputPort", "Parallel", "ParallelAll", "Port", "PortError", "Precondition",
+    "ReactiveFallback", "ReactiveSequence", "Registration", "Repeat", "RetryUntilSuccessful",
+    "RunOnce", "Script", "ScriptCondition", "Sequence", "SequenceWithMemory", "SetBlackboard",
+    "Sleep", "StatefulAction", "Status", "SubTree", "Switch", "TickRecord", "TickTrace",
+    "Timeout", "Transition", "Tree", "TreeDefinition", "TreeLoadError", "TreeNode",
+    "TreeScheduler", "WhileDoElse", "XMLFormatError", "builder",
+]

@@ -1,0 +1,242 @@
+"""Immutable tree definitions and their cheap instantiation.
+
+A :class:`TreeDefinition` is parsed/built once (from XML or the builder) and
+shared by every NPC that runs it: its :class:`NodeSpec` objects hold the node
+class, name, registration ID, port bindings, compiled scripts and children.
+:meth:`TreeDefinition.instantiate` creates the small per-NPC node objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .blackboard import Blackboard
+from .node import TreeNode
+from .ports import Port
+from .status import IDLE
+
+if TYPE_CHECKING:
+    from .tree import Tree
+
+__all__ = ["Binding", "Element", "NodeSpec", "TreeDefinition"]
+
+
+@dataclass
+class Element:
+    """A parsed XML element (or builder node) before it becomes a NodeSpec.
+
+    ``attrs`` values are strings from XML; the builder may also pass Python
+    values and functions (``fn``).
+    """
+
+    tag: str
+    attrs: dict[str, Any] = field(default_factory=dict)
+    children: list[Element] = field(default_factory=list)
+    line: int | None = None
+    source: str = "<string>"
+    fn: Any = None  # builder: inline function (or node class) for a leaf
+    kind: str | None = None  # builder: "action" or "condition" for an inline function
+    ports: tuple[Any, ...] = ()  # builder: ports of an inline function
+
+    def describe(self) -> str:
+        name = self.attrs.get("name")
+        ident = self.attrs.get("ID") if self.tag in ("SubTree", "Action", "Condition") else None
+        label = self.tag if ident is None else f"{self.tag} ID={ident!r}"
+        return f"{label} (name={name!r})" if isinstance(name, str) and name else label
+
+
+class Binding:
+    """How one port is bound: to a blackboard ``key`` or to a converted literal ``value``."""
+
+    __slots__ = ("has_default", "key", "port", "text", "type", "value")
+
+    def __init__(self, port: Port, key: str | None, value: Any, text: str | None,
+                 has_default: bool) -> None:
+        self.port = port
+        self.key = key
+        self.value = value
+        self.type = port.type
+        self.text = text  # original attribute text (None when the port took its default)
+        self.has_default = has_default
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, Binding)
+            and (self.key, self.value, self.port.name) == (other.key, other.value, other.port.name)
+        )
+
+    def __repr__(self) -> str:
+        return f"Binding({self.port.name}={'{' + self.key + '}' if self.key else repr(self.value)})"
+
+
+class NodeSpec:
+    """Everything about one node that every instance shares (immutable by convention)."""
+
+    __slots__ = (
+        "attrs", "bindings", "children", "cls", "fn", "id", "is_async", "kind", "line",
+        "name", "port_decls", "scripts", "source", "subtree", "uid",
+    )
+
+    def __init__(
+        self,
+        *,
+        id: str,
+        name: str,
+        cls: type[TreeNode],
+        children: tuple[NodeSpec, ...] = (),
+        bindings: dict[str, Binding] | None = None,
+        port_decls: dict[str, Port] | None = None,
+        scripts: dict[str, Callable[[Any], Any]] | None = None,
+        fn: Any = None,
+        attrs: dict[str, Any] | None = None,
+        is_async: bool = False,
+        subtree: SubTreeInfo | None = None,
+        source: str = "<string>",
+        line: int | None = None,
+    ) -> None:
+        self.id = id
+        self.name = name
+        self.cls = cls
+        self.kind = cls.kind
+        self.children = children
+        self.bindings = bindings or {}
+        self.port_decls = port_decls or {}
+        self.scripts = scripts or {}
+        self.fn = fn
+        self.attrs = attrs or {}
+        self.is_async = is_async
+        self.subtree = subtree
+        self.source = source
+        self.line = line
+        self.uid = -1
+
+    def describe(self) -> str:
+        where = f" at {self.source}:{self.line}" if self.line is not None else ""
+        return f"{self.name!r} ({self.id}){where}"
+
+    def port_strings(self) -> dict[str, str]:
+        out = {}
+        for name, b in self.bindings.items():
+            out[name] = "{" + b.key + "}" if b.key is not None else (
+                b.text if b.text is not None else str(b.value))
+        return out
+
+    def walk(self) -> Iterator[NodeSpec]:
+        yield self
+        for c in self.children:
+            yield from c.walk()
+
+    def structure(self) -> tuple[Any, ...]:
+        """A comparable summary (for round-trip checks)."""
+        scripts = tuple(sorted((k, getattr(v, "source", repr(v))) for k, v in self.scripts.items()))
+        ports = tuple(sorted(self.port_strings().items()))
+        sub = None
+        if self.subtree is not None:
+            sub = (self.subtree.tree_id, tuple(sorted(self.subtree.remap.items())),
+                   tuple(sorted((k, repr(v)) for k, v in self.subtree.values.items())),
+                   self.subtree.autoremap)
+        return (self.id, self.name, self.cls.__name__, ports, scripts, sub,
+                tuple(c.structure() for c in self.children))
+
+    def __repr__(self) -> str:
+        return f"NodeSpec({self.id!r}, name={self.name!r}, children={len(self.children)})"
+
+
+@dataclass(frozen=True)
+class SubTreeInfo:
+    tree_id: str
+    remap: Mapping[str, str]  # inner key -> outer key
+    values: Mapping[str, Any]  # inner key -> literal value
+    autoremap: bool
+
+
+class TreeDefinition:
+    """An immutable, shareable tree: ``instantiate()`` it once per NPC.
+
+    ``root`` is the main tree's root spec (SubTrees expanded); ``trees`` the
+    source elements of every ``<BehaviorTree>`` (for writing XML back);
+    ``main_tree`` the ID of the main tree; ``models`` the ``<TreeNodesModel>``
+    entries (registration ID -> element).
+    """
+
+    def __init__(
+        self,
+        root: NodeSpec,
+        *,
+        main_tree: str,
+        trees: dict[str, Element],
+        models: dict[str, Element] | None = None,
+        source: str = "<string>",
+    ) -> None:
+        self.root = root
+        self.main_tree = main_tree
+        self.trees = trees
+        self.models = models or {}
+        self.source = source
+        self.specs: tuple[NodeSpec, ...] = tuple(root.walk())
+        for i, s in enumerate(self.specs):
+            s.uid = i
+
+    def __len__(self) -> int:
+        return len(self.specs)
+
+    def structure(self) -> tuple[Any, ...]:
+        return (self.main_tree, self.root.structure())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TreeDefinition) and self.structure() == other.structure()
+
+    def __hash__(self) -> int:
+        return hash(self.structure())
+
+    def instantiate(
+        self,
+        blackboard: Blackboard | None = None,
+        *,
+        clock: Callable[[], float] | None = None,
+        raise_errors: bool = False,
+    ) -> Tree:
+        """Build a fresh Tree (all nodes IDLE) over ``blackboard`` (a new one if None)."""
+        from .tree import Tree
+
+        bb = Blackboard() if blackboard is None else blackboard
+        tree = Tree.__new__(Tree)
+        blackboards = [bb]
+        root = _build(self.root, tree, bb, blackboards)
+        tree._init(self, root, bb, blackboards, clock, raise_errors)
+        return tree
+
+    def to_xml(self) -> str:
+        from .xml_io import definition_to_xml
+
+        return definition_to_xml(self)
+
+    def __repr__(self) -> str:
+        return f"TreeDefinition(main_tree={self.main_tree!r}, nodes={len(self.specs)})"
+
+
+def _build(spec: NodeSpec, tree: Tree, bb: Blackboard, blackboards: list[Blackboard]) -> TreeNode:
+    cls = spec.cls
+    node = cls.__new__(cls)
+    node.status = IDLE
+    node.spec = spec
+    node.tree = tree
+    node.bb = bb
+    children = spec.children
+    if children:
+        sub = spec.subtree
+        if sub is not None:
+            cbb = Blackboard(bb, remap=sub.remap, autoremap=sub.autoremap)
+            for k, v in sub.values.items():
+                cbb.set(k, v)
+            blackboards.append(cbb)
+            kids: tuple[TreeNode, ...] = (_build(children[0], tree, cbb, blackboards),)
+        else:
+            kids = tuple([_build(c, tree, bb, blackboards) for c in children])
+        node.children = kids  # type: ignore[misc]
+        if spec.kind != "control":
+            node.child = kids[0]  # type: ignore[attr-defined]
+    node.setup()
+    return node

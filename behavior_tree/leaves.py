@@ -1,0 +1,62 @@
+"""Small built-in leaves from BT.CPP: AlwaysSuccess, AlwaysFailure, SetBlackboard, Sleep."""
+
+from __future__ import annotations
+
+from .node import ActionNode
+from .ports import InputPort
+from .status import FAILURE, RUNNING, SUCCESS, Status
+
+__all__ = ["AlwaysFailure", "AlwaysSuccess", "SetBlackboard", "Sleep"]
+
+
+class AlwaysSuccess(ActionNode):
+    __slots__ = ()
+
+    def tick(self) -> Status:
+        self.status = SUCCESS
+        return SUCCESS
+
+
+class AlwaysFailure(ActionNode):
+    __slots__ = ()
+
+    def tick(self) -> Status:
+        self.status = FAILURE
+        return FAILURE
+
+
+class SetBlackboard(ActionNode):
+    """``<SetBlackboard output_key="key" value="literal or {other}"/>``: copies value to key."""
+
+    __slots__ = ()
+    ports = (
+        InputPort("value", description="value to write"),
+        InputPort("output_key", type=str, description="blackboard key written"),
+    )
+
+    def tick(self) -> Status:
+        self.bb.set(self.get_input("output_key"), self.get_input("value"))
+        self.status = SUCCESS
+        return SUCCESS
+
+
+class Sleep(ActionNode):
+    """RUNNING (and asleep) for ``msec`` milliseconds, then SUCCESS."""
+
+    __slots__ = ("until",)
+    ports = (InputPort("msec", type=float, description="milliseconds"),)
+    is_async = True
+
+    def setup(self) -> None:
+        self.until = -1.0
+
+    def tick(self) -> Status:
+        now = self.tree.clock()
+        if self.status is not RUNNING:
+            self.until = now + self.get_input("msec") / 1000.0
+        if now >= self.until:
+            self.status = SUCCESS
+            return SUCCESS
+        self.tree._request_sleep(self, self.until - now)
+        self.status = RUNNING
+        return RUNNING
