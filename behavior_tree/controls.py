@@ -27,23 +27,14 @@ __all__ = [
 ]
 
 
-def _halt_others(children: tuple[TreeNode, ...], keep: TreeNode) -> None:
-    for c in children:
-        if c is not keep:
-            s = c.status
-            if s is not IDLE:
-                if s is RUNNING:
-                    c.halt()
-                c.status = IDLE
-
-
 class Sequence(ControlNode):
     """Ticks children in order while they succeed.
 
     A RUNNING child makes the sequence RUNNING, and the next tick resumes at
-    that child (earlier children are not ticked again). FAILURE resets the
-    sequence: the next tick starts from the first child. SUCCESS when all
-    children succeeded; SKIPPED if all were skipped.
+    that child (earlier children are not ticked again, and keep their SUCCESS
+    status until the sequence completes). FAILURE resets the sequence: the
+    next tick starts from the first child. SUCCESS when all children
+    succeeded; SKIPPED if all were skipped.
     """
 
     __slots__ = ("idx", "skipped")
@@ -53,10 +44,39 @@ class Sequence(ControlNode):
         self.skipped = 0
 
     def tick(self) -> Status:
+        if self.idx or self.skipped:
+            return self._resume()
+        # Fast path: start from the first child (resuming at child 0 is the same).
+        children = self.children
+        for c in children:
+            st = c.tick()
+            if st is SUCCESS:
+                continue
+            if st is FAILURE:
+                if c is children[0]:
+                    c.status = IDLE
+                else:
+                    for o in children:
+                        o.status = IDLE
+                self.status = FAILURE
+                return FAILURE
+            if st is RUNNING:
+                if c is not children[0]:
+                    self.idx = children.index(c)
+                self.status = RUNNING
+                return RUNNING
+            # SKIPPED (the first one): continue on the general path
+            self.idx = children.index(c) + 1
+            self.skipped = 1
+            return self._resume()
+        for c in children:
+            c.status = IDLE
+        self.status = SUCCESS
+        return SUCCESS
+
+    def _resume(self) -> Status:
         children = self.children
         i = self.idx
-        if i == 0 and self.status is not RUNNING:
-            self.skipped = 0
         n = len(children)
         while i < n:
             st = children[i].tick()
@@ -67,22 +87,21 @@ class Sequence(ControlNode):
                 self.status = RUNNING
                 return RUNNING
             elif st is FAILURE:
-                for c in children:
-                    s = c.status
-                    if s is not IDLE:
-                        if s is RUNNING:
-                            c.halt()
-                        c.status = IDLE
+                for j in range(i + 1):
+                    children[j].status = IDLE
                 self.idx = 0
+                self.skipped = 0
                 self.status = FAILURE
                 return FAILURE
-            else:  # SKIPPED
+            else:
                 i += 1
                 self.skipped += 1
-        halt_children(children)
+        for c in children:
+            c.status = IDLE
         self.idx = 0
-        if self.skipped == n:
-            self.skipped = 0
+        all_skipped = self.skipped == n
+        self.skipped = 0
+        if all_skipped:
             self.status = IDLE
             return SKIPPED
         self.status = SUCCESS
@@ -143,25 +162,42 @@ class ReactiveSequence(ControlNode):
     At most one child may be asynchronous (checked at load time).
     """
 
-    __slots__ = ()
+    __slots__ = ("running",)
+
+    def reset_state(self) -> None:
+        self.running: TreeNode | None = None
 
     def tick(self) -> Status:
-        children = self.children
+        # Every outcome ends with all children but the running one IDLE (BT.CPP halts or
+        # resets them), so a child that completes is set IDLE right away.
         skipped = 0
-        for c in children:
+        for c in self.children:
             st = c.tick()
-            if st is RUNNING:
-                _halt_others(children, c)
-                self.status = RUNNING
-                return RUNNING
-            if st is FAILURE:
-                halt_children(children)
+            if st is SUCCESS:
+                c.status = IDLE
+            elif st is FAILURE:
+                c.status = IDLE
+                r = self.running
+                if r is not None:
+                    _halt_one(r)
+                    self.running = None
                 self.status = FAILURE
                 return FAILURE
-            if st is SKIPPED:
+            elif st is RUNNING:
+                r = self.running
+                if r is not c:
+                    if r is not None:
+                        _halt_one(r)
+                    self.running = c
+                self.status = RUNNING
+                return RUNNING
+            else:
                 skipped += 1
-        halt_children(children)
-        if skipped == len(children):
+        r = self.running
+        if r is not None:
+            _halt_one(r)
+            self.running = None
+        if skipped == len(self.children):
             self.status = IDLE
             return SKIPPED
         self.status = SUCCESS
@@ -171,8 +207,9 @@ class ReactiveSequence(ControlNode):
 class Fallback(ControlNode):
     """Ticks children in order until one does not fail (BT.CPP's Fallback / Selector).
 
-    A RUNNING child is resumed on the next tick; SUCCESS of a child resets and
-    succeeds; FAILURE when all children failed.
+    A RUNNING child is resumed on the next tick (earlier children keep their
+    FAILURE status meanwhile); SUCCESS of a child resets and succeeds; FAILURE
+    when all children failed.
     """
 
     __slots__ = ("idx", "skipped")
@@ -184,8 +221,6 @@ class Fallback(ControlNode):
     def tick(self) -> Status:
         children = self.children
         i = self.idx
-        if i == 0 and self.status is not RUNNING:
-            self.skipped = 0
         n = len(children)
         while i < n:
             st = children[i].tick()
@@ -196,17 +231,21 @@ class Fallback(ControlNode):
                 self.status = RUNNING
                 return RUNNING
             elif st is SUCCESS:
-                halt_children(children)
+                for j in range(i + 1):
+                    children[j].status = IDLE
                 self.idx = 0
+                self.skipped = 0
                 self.status = SUCCESS
                 return SUCCESS
             else:
                 i += 1
                 self.skipped += 1
-        halt_children(children)
+        for c in children:
+            c.status = IDLE
         self.idx = 0
-        if self.skipped == n:
-            self.skipped = 0
+        all_skipped = self.skipped == n
+        self.skipped = 0
+        if all_skipped:
             self.status = IDLE
             return SKIPPED
         self.status = FAILURE
@@ -221,32 +260,41 @@ class ReactiveFallback(ControlNode):
     and the node is RUNNING. At most one child may be asynchronous.
     """
 
-    __slots__ = ()
+    __slots__ = ("running",)
+
+    def reset_state(self) -> None:
+        self.running: TreeNode | None = None
 
     def tick(self) -> Status:
-        children = self.children
+        # As in ReactiveSequence, completed children are set IDLE at once.
         skipped = 0
-        for c in children:
+        for c in self.children:
             st = c.tick()
             if st is FAILURE:
-                continue
-            if st is RUNNING:
-                for o in children:
-                    if o is not c:
-                        s = o.status
-                        if s is not IDLE:
-                            if s is RUNNING:
-                                o.halt()
-                            o.status = IDLE
+                c.status = IDLE
+            elif st is RUNNING:
+                r = self.running
+                if r is not c:
+                    if r is not None:
+                        _halt_one(r)
+                    self.running = c
                 self.status = RUNNING
                 return RUNNING
-            if st is SUCCESS:
-                halt_children(children)
+            elif st is SUCCESS:
+                c.status = IDLE
+                r = self.running
+                if r is not None:
+                    _halt_one(r)
+                    self.running = None
                 self.status = SUCCESS
                 return SUCCESS
-            skipped += 1
-        halt_children(children)
-        if skipped == len(children):
+            else:
+                skipped += 1
+        r = self.running
+        if r is not None:
+            _halt_one(r)
+            self.running = None
+        if skipped == len(self.children):
             self.status = IDLE
             return SKIPPED
         self.status = FAILURE

@@ -224,11 +224,14 @@ class FunctionAction(ActionNode):
             r = self.fn(self)
         except Exception as e:
             r = self.tree._callback_error(self, e)
+        if r is RUNNING:
+            self.status = RUNNING
+            return RUNNING
         if r is True:
             r = SUCCESS
         elif r is False:
             r = FAILURE
-        elif r is not RUNNING and r is not SUCCESS and r is not FAILURE:
+        elif r is not SUCCESS and r is not FAILURE:
             r = _bad_result(self, r, "a Status (RUNNING/SUCCESS/FAILURE) or a bool")
         self.status = r
         return r
@@ -247,11 +250,13 @@ class FunctionCondition(ConditionNode):
             r = self.fn(self)
         except Exception as e:
             r = self.tree._callback_error(self, e)
+        if r is False:
+            self.status = FAILURE
+            return FAILURE
         if r is True:
-            r = SUCCESS
-        elif r is False:
-            r = FAILURE
-        elif r is not SUCCESS and r is not FAILURE:
+            self.status = SUCCESS
+            return SUCCESS
+        if r is not SUCCESS and r is not FAILURE:
             r = _bad_result(self, r, "a bool, SUCCESS or FAILURE")
         self.status = r
         return r

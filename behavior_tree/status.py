@@ -25,6 +25,9 @@ class Status(IntEnum):
     FAILURE = 3
     SKIPPED = 4
 
+    def __str__(self) -> str:
+        return self.name
+
     @property
     def is_completed(self) -> bool:
         return self is Status.SUCCESS or self is Status.FAILURE

@@ -60,7 +60,7 @@ class Tree:
     """
 
     __slots__ = (
-        "_blackboards", "_on_wake", "_reads", "_sleepers", "_timer", "_trace", "asleep",
+        "_blackboards", "_extra", "_on_wake", "_reads", "_sleepers", "_timer", "_trace", "asleep",
         "blackboard", "clock", "definition", "errors", "max_errors", "raise_errors", "root",
         "tick_count", "wake_deadline",
     )
@@ -82,6 +82,7 @@ class Tree:
         self._reads: _ReadLog | None = None
         self._trace: TickTrace | None = None
         self._on_wake: Callable[[Tree], None] | None = None
+        self._extra = False
         self.asleep = False
         self.wake_deadline = _INF
 
@@ -89,14 +90,9 @@ class Tree:
     def tick(self) -> Status:
         """Tick the root exactly once and return its status."""
         self.tick_count += 1
-        self.asleep = False
-        if self._timer is not _INF:
-            self._timer = _INF
         st = self.root.tick()
-        if self._sleepers is not None or self._reads is not None:
+        if self._extra:  # sleep, timers, read tracking or tracing in use
             self._after_tick(st)
-        if self._trace is not None:
-            self._trace.record(self)
         return st
 
     def halt(self) -> None:
@@ -139,18 +135,30 @@ class Tree:
         self._reads = log
         for bb in self._blackboards:
             bb._reads = log  # type: ignore[assignment]
+        self._extra = True
 
     def _request_sleep(self, node: TreeNode, seconds: float | None) -> None:
         if self._sleepers is None:
             self._sleepers = {}
         self._sleepers[node] = _INF if seconds is None else self.clock() + seconds
+        self._extra = True
 
     def wake_at(self, t: float) -> None:
         """During a tick: the tree must not sleep past ``t`` (a node's timer)."""
         if t < self._timer:
             self._timer = t
+            self._extra = True
 
     def _after_tick(self, st: Status) -> None:
+        self.asleep = False
+        if self._sleepers is not None or self._reads is not None:
+            self._settle_sleep(st)
+        self._timer = _INF
+        if self._trace is not None:
+            self._trace.record(self)
+        self._extra = self._reads is not None or self._trace is not None or self.asleep
+
+    def _settle_sleep(self, st: Status) -> None:
         sleepers = self._sleepers
         self._sleepers = None
         reads = self._reads
@@ -220,11 +228,15 @@ class Tree:
         """Start recording each node's status transitions per tick (see trace.py)."""
         from .trace import TickTrace
 
+        if self._trace is not None:
+            self._trace.close()
         self._trace = TickTrace(self, max_ticks)
+        self._extra = True
         return self._trace
 
     def disable_trace(self) -> None:
-        self._trace = None
+        if self._trace is not None:
+            self._trace.close()
 
     @property
     def trace(self) -> TickTrace | None:
