@@ -35,7 +35,7 @@ import yaml
 DEFAULT_PATH = Path(__file__).parent / "assets" / "linebook"
 
 # group names with built-in meaning; every other [group] is an archetype voice group
-BUILTIN_GROUPS = ("lead", "reply", "mood", "ctx", "tag")
+BUILTIN_GROUPS = ("lead", "coda", "reply", "mood", "ctx", "tag")
 TONES = ("calm", "urgent")
 _SLOT_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -291,6 +291,7 @@ _MAP_SECTIONS = (
     "context",
     "replies",
     "fallbacks",
+    "phrases",
     "expansion",
 )
 _LIST_SECTIONS = ("slots", "banned_words", "compose", "heldout_pairs")
@@ -399,8 +400,10 @@ class LineBook:
                         raise rd.fail(v, f"{f}.tone", f"unknown tone {tone!r}; known: {list(TONES)}")
                 elif k == "slots":
                     slots = set(self._slot_names(rd, v, f"{f}.slots"))
-                elif k not in ("leads", "description"):
-                    raise rd.fail(knode, f"{f}.{k}", "unknown field; known: description, tone, slots, leads")
+                elif k not in ("leads", "codas", "description"):
+                    raise rd.fail(
+                        knode, f"{f}.{k}", "unknown field; known: description, tone, slots, leads, codas"
+                    )
             self._state_tone[name] = tone
             self._state_slots[name] = slots
         # intents
@@ -500,6 +503,7 @@ class LineBook:
             self._moods[name] = self._tone_lists(rd, value, f, set())
         # state leads
         self._leads: dict[str, list[_Source]] = {}
+        self._codas: dict[str, list[_Source]] = {}
         for name in self.states:
             rd, value, f = self._state_nodes[name]
             leads = [v for k, _kn, v in rd.mapping(value, f) if k == "leads"]
@@ -507,6 +511,9 @@ class LineBook:
                 raise rd.fail(value, f"{f}.leads", "required field is missing")
             self._leads[name] = self._templates(rd, leads[0], f"{f}.leads")
             self._check_slots(self._leads[name], self._state_slots[name])
+            codas = [v for k, _kn, v in rd.mapping(value, f) if k == "codas"]
+            self._codas[name] = self._templates(rd, codas[0], f"{f}.codas") if codas else []
+            self._check_slots(self._codas[name], self._state_slots[name])
         # context fragments
         self._ctx_frags: dict[tuple[str, str], dict[str, list[_Source]]] = {}
         for slot, values in self.context.items():
@@ -549,6 +556,19 @@ class LineBook:
                 self._tags[name] = self._tone_lists(rd, fields["tags"][1], f"{f}.tags", slots)
             else:
                 self._tags[name] = {t: [] for t in TONES}
+        # shared phrase groups: [name] usable in any template
+        self._phrases: dict[str, list[_Source]] = {}
+        for rd, name, key, value in self._entries(raw, "phrases"):
+            f = f"phrases.{name}"
+            rd.name(key, f)
+            if name in self._clash:
+                raise rd.fail(key, f, f"{name!r} is a reserved group name")
+            clash = [a for a in self.archetypes if name in self._voice[a]]
+            if clash:
+                raise rd.fail(key, f, f"{name!r} is also a voice group of archetype {clash[0]!r}")
+            srcs = self._templates(rd, value, f)
+            self._check_slots(srcs, set())
+            self._phrases[name] = srcs
         # replies: state -> intent -> templates
         self._replies: dict[tuple[str, str], list[_Source]] = {}
         for rd, state, key, value in self._entries(raw, "replies"):
@@ -655,7 +675,7 @@ class LineBook:
 
     def _check_references(self) -> None:
         voice_groups = {g for v in self._voice.values() for g in v}
-        known = set(BUILTIN_GROUPS) | set(self.context) | voice_groups
+        known = set(BUILTIN_GROUPS) | set(self.context) | voice_groups | set(self._phrases)
         for src in self._sources:
             for ref in sorted(src.refs):
                 if ref not in known:
@@ -668,16 +688,16 @@ class LineBook:
                                 f"but archetype {arch!r} does not define it"
                             )
         # fragments that are drawn inside other fragments must not recurse into lead/reply
-        for srcs in [*self._leads.values(), *self._replies.values()]:
+        for srcs in [*self._leads.values(), *self._codas.values(), *self._replies.values()]:
             for src in srcs:
-                bad = src.refs & {"lead", "reply", "tag"}
+                bad = src.refs & {"lead", "coda", "reply", "tag"}
                 if bad:
                     raise src.where.error(f"[{sorted(bad)[0]}] may only be used in compose patterns")
-        for group in [*self._voice.values()]:
+        for group in [*self._voice.values(), self._phrases]:
             for srcs in group.values():
                 for src in srcs:
-                    if src.refs & (set(BUILTIN_GROUPS) | voice_groups):
-                        raise src.where.error("voice fragments may not reference other groups")
+                    if src.refs:
+                        raise src.where.error("voice and phrase fragments may not reference groups")
 
     # -------------------------------------------------------------- public API
 
@@ -755,9 +775,10 @@ class LineBook:
             elif part[0] == "slot":
                 options = [["{" + part[1] + "}"]]
             elif part[0] == "ref":
+                group = self._voice[arch].get(part[1]) or self._phrases.get(part[1]) or []
                 options = [
-                    seq for src in self._voice[arch][part[1]] for seq in self._enumerate(src.template, arch, limit)
-                ][:limit] if part[1] in self._voice[arch] else [[""]]
+                    seq for src in group for seq in self._enumerate(src.template, arch, limit)
+                ][:limit] or [[""]]
             else:
                 options = [seq for alt in part[1] for seq in self._enumerate(alt, arch, limit)][:limit]
             results = [r + o for r in results for o in options][:limit]
@@ -855,6 +876,8 @@ class _Env:
         options: Sequence[_Source]
         if group == "lead":
             options = book._leads[self.state]
+        elif group == "coda":
+            options = book._codas[self.state]
         elif group == "reply":
             options = book._replies[(self.state, self.intent)]
         elif group == "tag":
@@ -869,6 +892,8 @@ class _Env:
             options = book._ctx_frags[(slot, self.ctx[slot])][self.tone]
         elif group in book.context:
             options = book._ctx_frags[(group, self.ctx[group])][self.tone]
+        elif group in book._phrases:
+            options = book._phrases[group]
         else:
             # one address / place / ... per line: a speaker does not switch names mid-line
             if group not in self.voice:
