@@ -1,0 +1,82 @@
+"""Batched sampling of many prompts through one exported Flash graph.
+
+Prompts are grouped by length, so a batch never holds padding: every row of a group prefills the
+same number of tokens and then decodes in lock step until all rows have emitted ``eos`` or
+``max_tokens`` is reached. Each row samples with its own seeded generator, so a row's tokens do
+not depend on which other rows share its batch.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+import numpy as np
+
+from runtime.onnx_model import FlashOnnx
+from runtime.sampling import sample_next
+
+
+def generate_ids_batch(
+    model: FlashOnnx,
+    prompts: Sequence[Sequence[int]],
+    *,
+    seeds: Sequence[int],
+    max_tokens: int = 32,
+    temperature: float = 0.8,
+    top_k: int = 0,
+    top_p: float = 0.95,
+    batch_size: int = 64,
+) -> list[list[int]]:
+    """Sample a continuation for every prompt; returns the generated ids (without ``eos``)."""
+    if len(seeds) != len(prompts):
+        raise ValueError(f"got {len(prompts)} prompts but {len(seeds)} seeds")
+    by_length: dict[int, list[int]] = defaultdict(list)
+    for i, prompt in enumerate(prompts):
+        by_length[len(prompt)].append(i)
+    out: list[list[int]] = [[] for _ in prompts]
+    for length in sorted(by_length):
+        rows = by_length[length]
+        for start in range(0, len(rows), batch_size):
+            chunk = rows[start : start + batch_size]
+            generated = _generate_group(
+                model, [prompts[i] for i in chunk], [seeds[i] for i in chunk],
+                max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+            )
+            for i, ids in zip(chunk, generated):
+                out[i] = ids
+    return out
+
+
+def _generate_group(
+    model: FlashOnnx,
+    prompts: Sequence[Sequence[int]],
+    seeds: Sequence[int],
+    *,
+    max_tokens: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+) -> list[list[int]]:
+    eos = model.tokenizer.eos_id
+    rngs = [np.random.default_rng(s) for s in seeds]
+    ids = np.asarray(prompts, dtype=np.int64)
+    logits, past, _ = model.step(ids, None)
+    done = np.zeros(len(prompts), dtype=bool)
+    result: list[list[int]] = [[] for _ in prompts]
+    for _ in range(max_tokens):
+        last = logits[:, -1, :]
+        nxt = np.empty(len(prompts), dtype=np.int64)
+        for r in range(len(prompts)):
+            nxt[r] = eos if done[r] else sample_next(
+                last[r], rngs[r], temperature=temperature, top_k=top_k, top_p=top_p
+            )
+            if not done[r]:
+                if nxt[r] == eos:
+                    done[r] = True
+                else:
+                    result[r].append(int(nxt[r]))
+        if done.all():
+            break
+        logits, past, _ = model.step(nxt[:, None], past)
+    return result
