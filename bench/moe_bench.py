@@ -1,6 +1,6 @@
 """Per-token latency of the Flash MoE graph variants, side by side, on one intra-op thread.
 
-    python bench/moe_bench.py [--model CHECKPOINT_DIR] [--reps 7] [--steps 32] [--prompt 12]
+    python bench/moe_bench.py [--model CHECKPOINT_DIR] [--reps 7] [--steps 32] [--prompt 12] [--val 200]
 
 Builds every variant from the same weights (a checkpoint's, or the default FlashConfig
 randomly initialised with seed 0), then, round-robin across variants so machine noise hits
@@ -85,12 +85,41 @@ def quality(torch_model: Flash, model: FlashOnnx, int4: bool, seqs: np.ndarray) 
     return err, agree
 
 
+def validation_sequences(model_dir: str, n: int) -> list[tuple[list[int], int]]:
+    """(prompt + line + eos ids, prompt length) for the first ``n`` validation examples."""
+    from pathlib import Path
+
+    from runtime.linebook import load_line_book
+    from runtime.tokenizer import Tokenizer
+
+    tok = Tokenizer.load(Path(model_dir) / "tokenizer.json")
+    out = []
+    for ex in load_line_book().split(seed=0).val[:n]:
+        prompt, _ = tok.encode_prompt(ex.archetype, ex.persona, ex.state, ex.intent, ex.context)
+        out.append(([*prompt, *tok.encode(ex.text), tok.eos_id], len(prompt)))
+    return out
+
+
+def line_nll(logits_fn, seqs: list[tuple[list[int], int]]) -> float:
+    """Mean negative log-likelihood per line token (line + eos) given the prompt."""
+    total, count = 0.0, 0
+    for ids, n_prompt in seqs:
+        logits = logits_fn(np.asarray([ids[:-1]], dtype=np.int64))[0, n_prompt - 1:].astype(np.float64)
+        targets = np.asarray(ids[n_prompt:])
+        z = logits - logits.max(-1, keepdims=True)
+        logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+        total -= float(logp[np.arange(len(targets)), targets].sum())
+        count += len(targets)
+    return total / count
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="checkpoint directory (default: random init)")
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--prompt", type=int, default=12)
+    parser.add_argument("--val", type=int, default=0, help="validation examples for the NLL column")
     parser.add_argument("--only", nargs="*", default=None, help="variant name prefixes to run")
     args = parser.parse_args()
 
@@ -132,16 +161,26 @@ def main() -> None:
             prefill[v.name].append(p)
             step[v.name].extend(s)
 
+    val = validation_sequences(args.model, args.val) if args.model and args.val else []
+    if val:
+        for qat in (False, True):
+            torch_model.set_qat(qat)
+            with torch.no_grad():
+                nll = line_nll(lambda ids: torch_model(torch.from_numpy(ids)).logits.numpy(), val)
+            print(f"PyTorch {'QAT (INT4 fake-quant)' if qat else 'fp32'}: val NLL/token {nll:.4f}")
+
     base = next((v.name for v in chosen if v.name.startswith("int4/qmoe  acc4")), chosen[0].name)
     base_ms = statistics.median(step[base]) * 1e3
     print(f"\n{'variant':18s} {'sparse':>6s} {'ms/token':>9s} {'x ' + base.split()[0]:>12s} "
-          f"{'prefill ms':>10s} {'MB':>6s} {'max rel err':>11s} {'top1 agree':>10s}")
+          f"{'prefill ms':>10s} {'MB':>6s} {'max rel err':>11s} {'top1 agree':>10s}"
+          + (f" {'val NLL':>8s}" if val else ""))
     for v in chosen:
         ms = statistics.median(step[v.name]) * 1e3
         err, agree = quality(torch_model, v.model, v.options.weights == "int4", seqs)
         print(f"{v.name:18s} {'yes' if v.sparse else 'no':>6s} {ms:9.3f} {ms / base_ms:12.2f} "
               f"{statistics.median(prefill[v.name]) * 1e3:10.2f} {v.size / 1e6:6.2f} "
-              f"{err:11.2e} {agree:10.3f}")
+              f"{err:11.2e} {agree:10.3f}"
+              + (f" {line_nll(lambda ids, m=v.model: m.step(ids, None)[0], val):8.4f}" if val else ""))
     print(f"\nratios are ms/token divided by {base}'s {base_ms:.3f} ms")
 
 
