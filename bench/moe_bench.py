@@ -18,6 +18,9 @@ Variants:
   fp32/gather  Gather of the selected experts' fp32 weights + MatMul: sparse
   fp32/dense   all experts, fp32, gated: not sparse
 INT4 variants run at accuracy_level 4 and 0.
+
+Then the MoE block of layer 0 alone (``runtime.export.build_moe_block``), one token per call:
+the per-token cost of the expert computation itself, without attention and lm_head.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from runtime.export import ExportOptions, build_onnx, load_checkpoint
+from runtime.export import ExportOptions, build_moe_block, build_onnx, load_checkpoint
 from runtime.model import Flash, FlashConfig
 from runtime.onnx_model import FlashOnnx, session_options
 
@@ -182,6 +185,25 @@ def main() -> None:
               f"{err:11.2e} {agree:10.3f}"
               + (f" {line_nll(lambda ids, m=v.model: m.step(ids, None)[0], val):8.4f}" if val else ""))
     print(f"\nratios are ms/token divided by {base}'s {base_ms:.3f} ms")
+
+    # the MoE block alone, one token per call
+    blocks = {}
+    for v in chosen:
+        blob = build_moe_block(sd, cfg, 0, v.options).SerializeToString()
+        blocks[v.name] = ort.InferenceSession(blob, session_options(1), providers=["CPUExecutionProvider"])
+    xs = rng.standard_normal((args.steps, 1, 1, cfg.n_embd)).astype(np.float32)
+    times: dict[str, list[float]] = {name: [] for name in blocks}
+    for _ in range(args.reps + 1):  # the first round warms up and is dropped
+        for name, sess in blocks.items():
+            for x in xs:
+                t0 = time.perf_counter()
+                sess.run(None, {"x": x})
+                times[name].append(time.perf_counter() - t0)
+    block_base = statistics.median(times[base][args.steps:]) * 1e6
+    print(f"\nMoE block of layer 0 alone, 1 token per call:\n{'variant':18s} {'us/token':>9s} {'ratio':>6s}")
+    for name in blocks:
+        us = statistics.median(times[name][args.steps:]) * 1e6
+        print(f"{name:18s} {us:9.1f} {us / block_base:6.2f}")
 
 
 if __name__ == "__main__":

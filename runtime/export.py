@@ -432,6 +432,31 @@ def build_onnx(state_dict: Mapping[str, Any], config: Mapping[str, Any] | Any,
     return _Builder(state_dict, cfg, options or ExportOptions()).build()
 
 
+def build_moe_block(state_dict: Mapping[str, Any], config: Mapping[str, Any] | Any, layer: int,
+                    options: ExportOptions | None = None) -> onnx.ModelProto:
+    """A graph of MoE layer ``layer`` alone: ``x`` float32 [B, T, n_embd] -> ``y``, ``router_probs``.
+
+    For benchmarking the variants in isolation and checking them against ``runtime.model.MoE``.
+    """
+    cfg = _config_dict(config)
+    b = _Builder(state_dict, cfg, options or ExportOptions())
+    y, probs = b.moe("x", layer)
+    b.g.nodes += [helper.make_node("Identity", [y], ["y"]),
+                  helper.make_node("Identity", [probs], ["router_probs"])]
+    c, e_n = int(cfg["n_embd"]), int(cfg["n_expert"])
+    graph = helper.make_graph(
+        b.g.nodes, f"flash_moe_{layer}",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", c])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", c]),
+         helper.make_tensor_value_info("router_probs", TensorProto.FLOAT, ["tokens", e_n])],
+        b.g.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
+                                                    helper.make_opsetid(MS_DOMAIN, 1)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
 def _config_dict(config: Mapping[str, Any] | Any) -> dict[str, Any]:
     cfg = dict(config) if isinstance(config, Mapping) else dict(vars(config))
     missing = [k for k in _CONFIG_KEYS if k not in cfg]
@@ -546,5 +571,5 @@ def _write_fallbacks(path: Path) -> None:
 
 
 __all__ = ["EMBEDDINGS", "MAX_INT4_BYTES", "MOE_VARIANTS", "OPSET", "ExportError", "ExportOptions",
-           "build_onnx", "export_checkpoint", "io_signature", "load_checkpoint",
+           "build_moe_block", "build_onnx", "export_checkpoint", "io_signature", "load_checkpoint",
            "quantize_pack_int4", "save_model", "unpack_int4"]

@@ -12,6 +12,7 @@ from runtime.export import (
     MAX_INT4_BYTES,
     ExportError,
     ExportOptions,
+    build_moe_block,
     build_onnx,
     export_checkpoint,
     quantize_pack_int4,
@@ -24,6 +25,7 @@ from tests.runtime.test_export_fixtures import (
     build_session,
     feeds,
     rel_err,
+    session,
     tiny_config,
     tiny_model,
 )
@@ -122,6 +124,23 @@ def test_int4_accuracy_level_4_stays_close_where_routing_agrees(seed: int):
     assert same.mean() >= 0.8
     ref = out.logits.numpy()
     assert np.abs(logits - ref)[same].max() / np.abs(ref).max() < 3e-2
+
+
+@pytest.mark.parametrize(("weights", "moe"), [("int4", "qmoe"), ("int4", "gather"), ("int4", "dense"),
+                                             ("fp32", "moe"), ("fp32", "gather"), ("fp32", "dense")])
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_moe_block_variants_match_the_pytorch_moe(weights: str, moe: str, top_k: int):
+    model = tiny_model(tiny_config(top_k=top_k))
+    block = model.transformer.h[1].ffn
+    x = torch.randn(2, 5, model.config.n_embd, generator=torch.Generator().manual_seed(1))
+    model.set_qat(weights == "int4")
+    with torch.no_grad():
+        ref, probs, _ = block(x)
+    opts = ExportOptions(weights=weights, moe=moe, accuracy_level=0)
+    y, router = session(build_moe_block(model.state_dict(), model.config, 1, opts)).run(
+        None, {"x": x.numpy()})
+    assert rel_err(y, ref.numpy()) < 1e-5
+    assert np.abs(router - probs.reshape(-1, model.config.n_expert).numpy()).max() < 1e-6
 
 
 def test_int4_graph_is_quantized_and_sparse():
