@@ -75,8 +75,9 @@ class Blackboard:
             raise ValueError("remap/autoremap need a parent blackboard")
         self._entries: dict[str, Entry] = {}
         self._observers: list[Observer] = []
-        # When a set: every Entry read through this blackboard is added (sleep tracking).
-        self._reads: set[Entry] | None = None
+        # Sleep tracking (set by Tree.track_reads): a log with ``entries`` (every Entry read
+        # through this blackboard) and ``dirty`` (one of them was written since).
+        self._reads: Any = None
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> Blackboard:
@@ -143,7 +144,7 @@ class Blackboard:
                 # a sleeping tree must wake when this key appears
                 e = self._create(key)
         if self._reads is not None:
-            self._reads.add(e)
+            self._reads.entries.add(e)
         v = e.value
         if v is _UNSET:
             if default is _MISSING:
@@ -207,6 +208,9 @@ class Blackboard:
         e.value = value
         if old is value:
             return
+        reads = self._reads
+        if reads is not None and e in reads.entries:
+            reads.dirty = True
         try:
             if old == value:
                 return

@@ -26,6 +26,8 @@ from .tree import Tree
 
 __all__ = ["TreeScheduler"]
 
+_EPS = 1e-9
+
 
 class _Entry:
     __slots__ = ("active", "period", "phase", "tree")
@@ -37,7 +39,7 @@ class _Entry:
         self.active = True
 
     def next_slot(self, t: float) -> float:
-        """The first grid time >= t."""
+        """The first grid time >= t (computed from the grid, so no drift accumulates)."""
         k = math.ceil((t - self.phase) / self.period - 1e-9)
         return self.phase + k * self.period
 
@@ -117,8 +119,9 @@ class TreeScheduler:
     def update(self, now: float) -> int:
         """Tick every awake tree whose slot is <= ``now`` (once each); return the count."""
         self._now = now
+        horizon = now + _EPS  # float slack: a slot computed as 1.0000000000000002 is due at 1.0
         timers = self._timers
-        while timers and timers[0][0] <= now:
+        while timers and timers[0][0] <= horizon:
             _, _, e = heapq.heappop(timers)
             if not e.active and e.tree in self._entries and e.tree.asleep:
                 e.tree.asleep = False
@@ -127,7 +130,7 @@ class TreeScheduler:
         due = self._due
         ticked = 0
         on_tick = self.on_tick
-        while due and due[0][0] <= now:
+        while due and due[0][0] <= horizon:
             slot, _, e = heapq.heappop(due)
             if not e.active:
                 continue
@@ -142,9 +145,9 @@ class TreeScheduler:
                     self._seq += 1
                     heapq.heappush(timers, (tree.wake_deadline, self._seq, e))
             else:
-                nxt = slot + e.period
-                if nxt <= now:  # fell behind: skip missed slots, never tick twice per update
-                    nxt = e.next_slot(now + e.period * 1e-6)
+                # the next grid slot after this one, or after now if we fell behind (never
+                # tick a tree twice in one update)
+                nxt = e.next_slot(max(slot, now) + 0.5 * e.period)
                 self._seq += 1
                 heapq.heappush(due, (nxt, self._seq, e))
         self.ticks += ticked
