@@ -202,11 +202,22 @@ class MoE(nn.Module):
             probs = torch.softmax(logits, dim=-1)
         return logits, probs
 
-    def expert_forward(self, e: int, x: Tensor) -> Tensor:
+    def expert_weights(self) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+        """Per-expert (w1[e], w2[e]) views, fake-quantized when QAT is on.
+
+        Unbinding once per forward keeps the backward pass to one stacked gradient per
+        parameter, instead of a full-size zero gradient for every indexed expert.
+        """
+        w1 = _maybe_quant(self.w1, self.qat, self.quant_block)
+        w2 = _maybe_quant(self.w2, self.qat, self.quant_block)
+        return w1.unbind(0), w2.unbind(0)
+
+    def expert_forward(
+        self, e: int, x: Tensor, weights: tuple[tuple[Tensor, ...], tuple[Tensor, ...]] | None = None
+    ) -> Tensor:
         """Expert ``e`` on the tokens routed to it: w2[e] @ silu(w1[e] @ x)."""
-        w1 = _maybe_quant(self.w1[e], self.qat, self.quant_block)
-        w2 = _maybe_quant(self.w2[e], self.qat, self.quant_block)
-        return F.linear(F.silu(F.linear(x, w1)), w2)
+        w1, w2 = weights if weights is not None else self.expert_weights()
+        return F.linear(F.silu(F.linear(x, w1[e])), w2[e])
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         B, T, C = x.shape
@@ -222,13 +233,14 @@ class MoE(nn.Module):
         token_of = order // self.top_k
         weight_of = top_p.reshape(-1)[order]
         counts = torch.bincount(expert_of, minlength=self.n_expert).tolist()
+        weights = self.expert_weights()
         out = torch.zeros_like(flat)
         start = 0
         for e, n in enumerate(counts):
             if n == 0:
                 continue
             tokens = token_of[start:start + n]
-            y = self.expert_forward(e, flat[tokens])
+            y = self.expert_forward(e, flat[tokens], weights)
             w = weight_of[start:start + n].unsqueeze(1)
             out.index_add_(0, tokens, (y.float() * w).to(out.dtype))
             start += n
