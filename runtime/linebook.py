@@ -603,8 +603,8 @@ class LineBook:
                 src = self._template(rd, fields["pattern"][1], f"{f}.pattern")
                 if src.slots:
                     raise src.where.error("a compose pattern may not use slots")
-                if "reply" not in src.refs:
-                    raise src.where.error("a compose pattern must use [reply]")
+                if not src.refs & {"lead", "coda", "reply"}:
+                    raise src.where.error("a compose pattern must use [lead], [coda] or [reply]")
                 weight = rd.integer(fields["weight"][1], f"{f}.weight", 1, 1000) if "weight" in fields else 1
                 tones: tuple[str, ...] = TONES
                 if "tones" in fields:
@@ -837,7 +837,7 @@ class LineBook:
 class _Env:
     """Resolves groups for one sampled line; the drawn persona and context decide fragments."""
 
-    __slots__ = ("arch", "book", "ctx", "intent", "persona", "rng", "state", "tone", "voice")
+    __slots__ = ("arch", "book", "ctx", "intent", "persona", "rng", "state", "tone", "used", "voice")
 
     def __init__(
         self,
@@ -853,6 +853,7 @@ class _Env:
         self.book, self.arch, self.state, self.intent = book, arch, state, intent
         self.tone, self.persona, self.ctx, self.rng = tone, persona, ctx, rng
         self.voice: dict[str, _Source] = {}
+        self.used: set[int] = set()
 
     def expand(self, template: _Template) -> list[str]:
         out: list[str] = []
@@ -893,7 +894,11 @@ class _Env:
         elif group in book.context:
             options = book._ctx_frags[(group, self.ctx[group])][self.tone]
         elif group in book._phrases:
-            options = book._phrases[group]
+            # no phrase twice in one line
+            options = [o for o in book._phrases[group] if id(o) not in self.used]
+            choice = rng.choice(options or book._phrases[group])
+            self.used.add(id(choice))
+            return choice
         else:
             # one address / place / ... per line: a speaker does not switch names mid-line
             if group not in self.voice:
