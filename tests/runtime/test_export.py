@@ -279,3 +279,12 @@ def test_flashnpc_export_cli_reports_a_missing_checkpoint(tmp_path, capsys):
     code = main(["export", "--model", str(tmp_path / "nothing"), "--out", str(tmp_path / "out")])
     assert code == 2
     assert "missing" in capsys.readouterr().err
+
+
+def test_export_checkpoint_refuses_an_int4_file_over_the_budget(tmp_path, monkeypatch):
+    import runtime.export
+
+    write_checkpoint(tmp_path / "ckpt", tiny_model())
+    monkeypatch.setattr(runtime.export, "MAX_INT4_BYTES", 10_000)
+    with pytest.raises(ExportError, match=r"model\.int4\.onnx is \d+ bytes, over the 10000-byte budget"):
+        export_checkpoint(tmp_path / "ckpt", tmp_path / "out")
