@@ -273,3 +273,12 @@ def test_move_to_runs_for_its_time_and_asks_the_tree_to_sleep() -> None:
     now[0] = 3.0
     assert tree.tick() is Status.SUCCESS
     assert tree.blackboard.get("at") == "well"
+
+
+@pytest.mark.parametrize("example", ["guard.xml", "merchant.xml", "innkeeper.xml"])
+def test_example_trees_survive_an_xml_round_trip(example: str) -> None:
+    factory = register_generic_nodes(Factory())
+    definition = factory.load_file(example_path(example))
+    again = factory.load(definition.to_xml(), filename="round-trip.xml")
+    assert again == definition
+    assert set(again.models) >= {"MoveTo", "PlayAnimation"}
