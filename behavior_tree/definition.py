@@ -178,6 +178,7 @@ class TreeDefinition:
         self.specs: tuple[NodeSpec, ...] = tuple(root.walk())
         for i, s in enumerate(self.specs):
             s.uid = i
+        self._plan, self._bb_plan = _make_plan(self.specs)
 
     def __len__(self) -> int:
         return len(self.specs)
@@ -202,10 +203,29 @@ class TreeDefinition:
         from .tree import Tree
 
         bb = Blackboard() if blackboard is None else blackboard
+        bbs = [bb]
+        for parent, sub in self._bb_plan:
+            cbb = Blackboard(bbs[parent], remap=sub.remap, autoremap=sub.autoremap)
+            for k, v in sub.values.items():
+                cbb.set(k, v)
+            bbs.append(cbb)
         tree = Tree.__new__(Tree)
-        blackboards = [bb]
-        root = _build(self.root, tree, bb, blackboards)
-        tree._init(self, root, bb, blackboards, clock, raise_errors)
+        nodes: list[Any] = [None] * len(self.specs)
+        for i, cls, spec, kids, single, bbi, setup in self._plan:
+            node = cls.__new__(cls)
+            node.status = IDLE
+            node.spec = spec
+            node.tree = tree
+            node.bb = bbs[bbi]
+            if kids is not None:
+                ch = tuple([nodes[j] for j in kids])
+                node.children = ch
+                if single:
+                    node.child = ch[0]
+            if setup:
+                node.setup()
+            nodes[i] = node
+        tree._init(self, nodes[0], bb, bbs, clock, raise_errors)
         return tree
 
     def to_xml(self) -> str:
@@ -217,26 +237,34 @@ class TreeDefinition:
         return f"TreeDefinition(main_tree={self.main_tree!r}, nodes={len(self.specs)})"
 
 
-def _build(spec: NodeSpec, tree: Tree, bb: Blackboard, blackboards: list[Blackboard]) -> TreeNode:
-    cls = spec.cls
-    node = cls.__new__(cls)
-    node.status = IDLE
-    node.spec = spec
-    node.tree = tree
-    node.bb = bb
-    children = spec.children
-    if children:
-        sub = spec.subtree
-        if sub is not None:
-            cbb = Blackboard(bb, remap=sub.remap, autoremap=sub.autoremap)
-            for k, v in sub.values.items():
-                cbb.set(k, v)
-            blackboards.append(cbb)
-            kids: tuple[TreeNode, ...] = (_build(children[0], tree, cbb, blackboards),)
+def _needs_setup(cls: type[TreeNode]) -> bool:
+    from .node import ControlNode, DecoratorNode
+
+    setup = cls.setup
+    if setup is TreeNode.setup:
+        return False
+    if setup is ControlNode.setup or setup is DecoratorNode.setup:
+        return cls.reset_state not in (ControlNode.reset_state, DecoratorNode.reset_state)
+    return True
+
+
+def _make_plan(specs: tuple[NodeSpec, ...]) -> tuple[list[tuple[Any, ...]], list[tuple[int, Any]]]:
+    """Instantiation plan: nodes children-first (index = uid), blackboards parent-first."""
+    bb_plan: list[tuple[int, Any]] = []
+    bb_of: dict[int, int] = {}
+    for s in specs:  # depth-first, parents first
+        bbi = bb_of.setdefault(s.uid, 0)
+        if s.subtree is not None:
+            bb_plan.append((bbi, s.subtree))
+            child_bb = len(bb_plan)
+            for c in s.children[0].walk():
+                bb_of[c.uid] = child_bb
         else:
-            kids = tuple([_build(c, tree, bb, blackboards) for c in children])
-        node.children = kids  # type: ignore[misc]
-        if spec.kind != "control":
-            node.child = kids[0]  # type: ignore[attr-defined]
-    node.setup()
-    return node
+            for c in s.children:
+                bb_of.setdefault(c.uid, bbi)
+    plan = []
+    for s in reversed(specs):
+        kids = tuple(c.uid for c in s.children) if s.children else None
+        plan.append((s.uid, s.cls, s, kids, s.kind != "control", bb_of[s.uid],
+                     _needs_setup(s.cls)))
+    return plan, bb_plan

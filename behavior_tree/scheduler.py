@@ -47,11 +47,13 @@ class _Entry:
 class TreeScheduler:
     """Holds trees and ticks only the due, awake ones on :meth:`update`.
 
-    ``on_tick(tree, status)``, if given, is called after every tick.
+    ``on_tick(tree, status)``, if given, is called after every tick. With
+    ``sleep=False`` trees tick on every slot whatever they are doing.
     """
 
     def __init__(self, *, rate_hz: float = 10.0, seed: int | None = 0,
-                 on_tick: Callable[[Tree, Status], None] | None = None) -> None:
+                 on_tick: Callable[[Tree, Status], None] | None = None,
+                 sleep: bool = True) -> None:
         if rate_hz <= 0:
             raise ValueError("rate_hz must be positive")
         self.rate_hz = rate_hz
@@ -62,6 +64,7 @@ class TreeScheduler:
         self._seq = 0
         self._now = -math.inf
         self.on_tick = on_tick
+        self.use_sleep = sleep
         self.ticks = 0
 
     def __len__(self) -> int:
@@ -90,16 +93,18 @@ class TreeScheduler:
             raise ValueError("phase must be in [0, 1)")
         e = _Entry(tree, period, start + frac * period)
         self._entries[tree] = e
-        tree.track_reads = True
-        tree._on_wake = self._woken
+        if self.use_sleep:
+            tree.track_reads = True
+            tree._on_wake = self._woken
         self._push(e, e.next_slot(max(start, self._now)))
 
     def remove(self, tree: Tree) -> None:
         e = self._entries.pop(tree, None)
         if e is not None:
             e.active = False
-            tree._on_wake = None
-            tree.track_reads = False
+            if self.use_sleep:
+                tree._on_wake = None
+                tree.track_reads = False
 
     def _push(self, e: _Entry, t: float) -> None:
         self._seq += 1
@@ -139,7 +144,7 @@ class TreeScheduler:
             ticked += 1
             if on_tick is not None:
                 on_tick(tree, st)
-            if tree.asleep:
+            if tree.asleep and self.use_sleep:
                 e.active = False
                 if tree.wake_deadline < math.inf:
                     self._seq += 1

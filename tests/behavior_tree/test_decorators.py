@@ -8,7 +8,7 @@ from behavior_tree import PortError, Status
 
 from .conftest import wrap
 
-R, S, F, K, I = (Status.RUNNING, Status.SUCCESS, Status.FAILURE, Status.SKIPPED, Status.IDLE)
+R, S, F, K, IDLE = (Status.RUNNING, Status.SUCCESS, Status.FAILURE, Status.SKIPPED, Status.IDLE)
 
 
 @pytest.mark.parametrize(
@@ -24,7 +24,7 @@ def test_status_rewriting_decorators(factory, probes, tag, child, expected):
     probes.set(A=child)
     tree = factory.create_tree(wrap(f"<{tag}><A/></{tag}>"))
     assert tree.tick() is expected
-    assert tree.find("A").status is (R if child is R else I)
+    assert tree.find("A").status is (R if child is R else IDLE)
 
 
 def test_repeat_runs_the_child_n_times_within_one_tick_when_it_succeeds_at_once(factory, probes):
@@ -129,7 +129,7 @@ def test_cooldown_lets_the_child_run_once_per_period(factory, probes, clock):
     assert tree.tick() is S and probes.ticks["Bark"] == 1
     clock.advance(5)
     assert tree.tick() is S and probes.ticks["Bark"] == 1  # cooling down: fallback moves on
-    assert tree.find("Cooldown").status is I
+    assert tree.find("Cooldown").status is IDLE
     clock.advance(5)
     assert tree.tick() is S and probes.ticks["Bark"] == 2
 

@@ -8,7 +8,7 @@ from behavior_tree import NodeConfigError, Status
 
 from .conftest import wrap
 
-R, S, F, K, I = (Status.RUNNING, Status.SUCCESS, Status.FAILURE, Status.SKIPPED, Status.IDLE)
+R, S, F, K, IDLE = (Status.RUNNING, Status.SUCCESS, Status.FAILURE, Status.SKIPPED, Status.IDLE)
 
 
 @pytest.mark.parametrize(
@@ -50,7 +50,7 @@ def test_while_halts_a_running_node_when_it_turns_false(factory, probes):
     tree.blackboard.set("visible", False)
     assert tree.tick() is K
     assert probes.halts["Chase"] == 1
-    assert tree.find("Chase").status is I
+    assert tree.find("Chase").status is IDLE
     assert tree.blackboard.get("gave_up") is True
     assert tree.tick() is K  # idle and false: skipped without starting
 

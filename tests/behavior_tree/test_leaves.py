@@ -17,7 +17,7 @@ from behavior_tree import (
 
 from .conftest import wrap
 
-R, S, F, I = Status.RUNNING, Status.SUCCESS, Status.FAILURE, Status.IDLE
+R, S, F, IDLE = Status.RUNNING, Status.SUCCESS, Status.FAILURE, Status.IDLE
 
 
 def test_plain_functions_get_ports_and_blackboard_through_the_context(factory):
@@ -128,7 +128,7 @@ async def test_async_action_runs_as_a_task_and_halt_cancels_it():
     tree.halt()
     await asyncio.sleep(0)
     assert cancelled == [True]
-    assert tree.root.status is I
+    assert tree.root.status is IDLE
 
 
 async def test_async_action_exception_is_recorded():

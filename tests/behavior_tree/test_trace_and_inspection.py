@@ -8,7 +8,7 @@ from behavior_tree import Status
 
 from .conftest import wrap
 
-R, S, F, I = Status.RUNNING, Status.SUCCESS, Status.FAILURE, Status.IDLE
+R, S, F, IDLE = Status.RUNNING, Status.SUCCESS, Status.FAILURE, Status.IDLE
 
 
 def test_trace_records_returned_statuses_and_parent_resets(factory, probes):
@@ -40,7 +40,7 @@ def test_halt_is_recorded_and_closing_restores_plain_classes(factory, probes):
     tree.tick()
     tree.halt()
     assert trace.records[-1].halted
-    assert [t.new for t in trace.records[-1].transitions] == [I, I]
+    assert [t.new for t in trace.records[-1].transitions] == [IDLE, IDLE]
     for _ in range(3):
         tree.tick()
     assert len(trace.records) == 2  # bounded
@@ -59,4 +59,4 @@ def test_walk_exposes_name_id_status_children_and_ports(factory):
     assert say.port_bindings() == {"line": "{greeting}", "volume": "3"}
     assert root.children == (say,)
     assert [n.uid for n in tree.nodes()] == [0, 1]
-    assert tree.statuses() == [S, I]
+    assert tree.statuses() == [S, IDLE]
