@@ -314,6 +314,9 @@ _PRECEDENCE = {
     "*": 5, "/": 5, "%": 5,
 }  # fmt: skip
 _COMPARISON_LEVEL = 3
+# Deeper scripts are certainly generated or hostile; the limit keeps parsing and
+# evaluation far from Python's recursion limit, inside a tick that is already deep.
+MAX_DEPTH = 100
 
 
 class _Parser:
@@ -324,6 +327,7 @@ class _Parser:
         self.enums = enums
         self.tokens = _tokenize(source)
         self.pos = 0
+        self.depth = 0
 
     def error(self, problem: str, token: _Token) -> ScriptError:
         return ScriptError(problem, self.source, token.start)
@@ -360,8 +364,20 @@ class _Parser:
             raise ScriptError("empty script", self.source, 0)
         return statements
 
+    def nest(self, token: _Token) -> None:
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise self.error(f"script nests deeper than {MAX_DEPTH} levels", token)
+
     def expression(self) -> _Node:
         """assignment | ternary"""
+        self.nest(self.tok)
+        try:
+            return self._expression()
+        finally:
+            self.depth -= 1
+
+    def _expression(self) -> _Node:
         first = self.tok
         nxt = self.tokens[self.pos + 1]
         if first.kind == "name" and nxt.kind == "op" and nxt.text in _ASSIGN_OPS:
@@ -412,7 +428,11 @@ class _Parser:
         if self.is_op("-", "!"):
             token = self.tok
             self.pos += 1
-            operand = self.unary()
+            self.nest(token)
+            try:
+                operand = self.unary()
+            finally:
+                self.depth -= 1
             return _Unary(token.text, operand, token.start, operand.end)
         return self.primary()
 
@@ -490,6 +510,7 @@ class _Compiler:
         self.source = source
         self.reads: set[str] = set()
         self.writes: set[str] = set()
+        self.depth = 0
 
     def error(self, problem: str, node: _Node) -> ScriptError:
         return ScriptError(
@@ -498,6 +519,17 @@ class _Compiler:
 
     def compile(self, node: _Node) -> tuple[_Fn, bool]:
         """Return (closure, is_constant) for ``node``; constant sub-trees are folded."""
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:  # e.g. a chain of 500 '+': flat to parse, deep to run
+                raise ScriptError(
+                    f"expression nests deeper than {MAX_DEPTH} levels", self.source, node.start
+                )
+            return self._compile(node)
+        finally:
+            self.depth -= 1
+
+    def _compile(self, node: _Node) -> tuple[_Fn, bool]:
         method = getattr(self, "_" + type(node).__name__.lstrip("_").lower())
         fn, children_constant = method(node)
         if children_constant and not isinstance(node, _Literal):

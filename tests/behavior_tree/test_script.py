@@ -304,6 +304,26 @@ def test_errors_in_multiline_scripts_give_line_and_column() -> None:
     assert "line 3, column 1" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "source",
+    [
+        "(" * 150 + "1" + ")" * 150,  # deep parentheses
+        "!" * 150 + "true",  # deep unary chain
+        " + ".join(["1"] * 150),  # long flat chain: deep once compiled
+        "a := " * 150 + "1",  # assignment chain
+    ],
+)
+def test_absurdly_deep_scripts_are_rejected_cleanly(source: str) -> None:
+    with pytest.raises(ScriptError, match="nests deeper than 100 levels"):
+        compile_script(source)
+
+
+def test_moderately_deep_scripts_compile_and_run() -> None:
+    assert run("(" * 40 + "1" + ")" * 40) == 1
+    assert run(" + ".join(["x"] * 90), x=1) == 90  # not folded: runs 90 closures deep
+    assert run("!" * 60 + "true") is True
+
+
 def test_non_string_source_is_a_type_error() -> None:
     with pytest.raises(TypeError, match="must be a str"):
         compile_script(42)  # type: ignore[arg-type]
