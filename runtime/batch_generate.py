@@ -22,15 +22,22 @@ def generate_ids_batch(
     prompts: Sequence[Sequence[int]],
     *,
     seeds: Sequence[int],
+    blocked: Sequence[np.ndarray | None] | None = None,
     max_tokens: int = 32,
     temperature: float = 0.8,
     top_k: int = 0,
     top_p: float = 0.95,
     batch_size: int = 64,
 ) -> list[list[int]]:
-    """Sample a continuation for every prompt; returns the generated ids (without ``eos``)."""
+    """Sample a continuation for every prompt; returns the generated ids (without ``eos``).
+
+    ``blocked[i]`` (optional) holds token ids prompt ``i`` may never emit: their logits are set
+    to -inf before sampling, so constraints hold by construction rather than by filtering.
+    """
     if len(seeds) != len(prompts):
         raise ValueError(f"got {len(prompts)} prompts but {len(seeds)} seeds")
+    if blocked is not None and len(blocked) != len(prompts):
+        raise ValueError(f"got {len(prompts)} prompts but {len(blocked)} blocked-id sets")
     by_length: dict[int, list[int]] = defaultdict(list)
     for i, prompt in enumerate(prompts):
         by_length[len(prompt)].append(i)
@@ -41,6 +48,7 @@ def generate_ids_batch(
             chunk = rows[start : start + batch_size]
             generated = _generate_group(
                 model, [prompts[i] for i in chunk], [seeds[i] for i in chunk],
+                [blocked[i] for i in chunk] if blocked is not None else [None] * len(chunk),
                 max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
             )
             for i, ids in zip(chunk, generated):
@@ -52,6 +60,7 @@ def _generate_group(
     model: FlashOnnx,
     prompts: Sequence[Sequence[int]],
     seeds: Sequence[int],
+    blocked: Sequence[np.ndarray | None],
     *,
     max_tokens: int,
     temperature: float,
@@ -65,7 +74,10 @@ def _generate_group(
     done = np.zeros(len(prompts), dtype=bool)
     result: list[list[int]] = [[] for _ in prompts]
     for _ in range(max_tokens):
-        last = logits[:, -1, :]
+        last = logits[:, -1, :].copy()
+        for r, ids_r in enumerate(blocked):
+            if ids_r is not None and len(ids_r):
+                last[r, ids_r] = -np.inf
         nxt = np.empty(len(prompts), dtype=np.int64)
         for r in range(len(prompts)):
             nxt[r] = eos if done[r] else sample_next(

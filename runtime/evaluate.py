@@ -69,16 +69,26 @@ def _request(ex: Example) -> Request:
 class Sampler:
     """Samples lines for prompt requests through one exported graph, in seeded batches."""
 
-    def __init__(self, model: FlashOnnx, cfg: EvalConfig) -> None:
+    def __init__(self, model: FlashOnnx, cfg: EvalConfig, book: LineBook) -> None:
         self.model = model
         self.cfg = cfg
+        self.book = book
+        tok = model.tokenizer
+        self._control = [i for i in range(tok.vocab_size) if tok.is_control(i) and i != tok.eos_id]
+        self._slot_ids = {s: tok.id_of(f"<slot:{s}>") for s in book.slots}
+
+    def blocked_ids(self, archetype: str, state: str, intent: str) -> np.ndarray:
+        """Control tokens a line may not contain: everything but ``eos`` and the allowed slots."""
+        allowed = {self._slot_ids[s] for s in self.book.allowed_slots(archetype, state, intent)}
+        return np.array([i for i in self._control if i not in allowed], dtype=np.int64)
 
     def sample(self, requests: Sequence[Request], seed: int) -> list[str]:
         tok = self.model.tokenizer
         prompts = [tok.encode_prompt(a, p, s, i, c)[0] for a, p, s, i, c in requests]
         seeds = [seed * 1_000_003 + k for k in range(len(requests))]
+        blocked = [self.blocked_ids(a, s, i) for a, _p, s, i, _c in requests]
         ids = generate_ids_batch(
-            self.model, prompts, seeds=seeds, max_tokens=self.cfg.max_tokens,
+            self.model, prompts, seeds=seeds, blocked=blocked, max_tokens=self.cfg.max_tokens,
             temperature=self.cfg.temperature, top_p=self.cfg.top_p,
         )
         return [tok.decode(x) for x in ids]
@@ -133,7 +143,7 @@ def evaluate(
     clf_heldout = clf.accuracy([e.text for e in split.heldout], [e.state for e in split.heldout])
 
     int4 = FlashOnnx.load(model_dir, file="model.int4.onnx")
-    sampler = Sampler(int4, cfg)
+    sampler = Sampler(int4, cfg, book)
 
     say("state fidelity on seen and held-out (archetype, state) pairs")
     seen_req = [_request(e) for e in _pick(split.test, cfg.fidelity_seen, rng)]
