@@ -14,6 +14,7 @@ engine. :func:`register_generic_nodes` adds them to a factory.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -227,6 +228,7 @@ def run_demo(seed: int = 0, ticks: int = 12, out: TextIO | None = None) -> int:
     changes: list[tuple[str, Any, Any]] = []
     bb.observe(lambda key, old, new: changes.append((key, old, new)))
     tree.enable_trace(max_ticks=ticks)
+    tree.track_reads = True  # a sleeping tree wakes when a key it read changes
     events = {event.tick: event for event in guard_scenario(seed, ticks)}
 
     write(
@@ -246,6 +248,9 @@ def run_demo(seed: int = 0, ticks: int = 12, out: TextIO | None = None) -> int:
             changes.clear()  # the event line already says what the game changed
         else:
             write(head)
+        if not tree.is_due(now):
+            write("    asleep: not ticked")
+            continue
         actions.clear()
         tree.tick()
         for key, old, new in changes:
@@ -254,6 +259,9 @@ def run_demo(seed: int = 0, ticks: int = 12, out: TextIO | None = None) -> int:
         if actions:
             write("    does: " + ", ".join(actions))
         write("    trace: " + _compact_trace(tree))
+        if tree.asleep:
+            until = f"t={tree.wake_deadline:.0f}s" if tree.wake_deadline < math.inf else "never"
+            write(f"    sleeps until {until}, or until a key it read changes")
         for error in tree.errors:
             write(f"    error: {error}")
         tree.errors.clear()

@@ -177,7 +177,7 @@ def test_render_picks_a_tree_and_can_show_ports(capsys: pytest.CaptureFixture[st
     guard = str(EXAMPLES_DIR / "guard.xml")
     assert main(["bt", "render", guard, "--tree", "Patrol", "--ports"]) == 0
     out = capsys.readouterr().out
-    assert 'n0[["patrol<br/>(Sequence)"]]' in out and "seconds=20" in out
+    assert 'n0[["patrol<br/>(Sequence)"]]' in out and "seconds=30" in out
     assert main(["bt", "render", guard, "--tree", "Nope"]) == 1
     assert "no BehaviorTree 'Nope' (have: Guard, Patrol, Rest)" in capsys.readouterr().err
 

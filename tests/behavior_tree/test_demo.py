@@ -78,6 +78,13 @@ def test_demo_is_deterministic_for_a_seed_and_the_seed_changes_the_story() -> No
     assert demo_text(seed=0) != demo_text(seed=1)
 
 
+def test_demo_does_not_tick_the_guard_while_it_sleeps() -> None:
+    lines = demo_text().splitlines()
+    assert "    sleeps until t=40s, or until a key it read changes" in lines
+    asleep = lines.index("    asleep: not ticked")
+    assert lines[asleep - 1].startswith("tick  3")
+
+
 def test_demo_prints_one_block_per_tick() -> None:
     text = demo_text(ticks=5)
     assert [line.split()[1] for line in text.splitlines() if line.startswith("tick ")] == [
@@ -109,16 +116,17 @@ def test_guard_patrols_the_route_and_ignores_a_player_by_day() -> None:
     assert game.tick() is Status.RUNNING
     assert game["state"] == "patrolling"
     assert game.tree.find("walk").status is Status.RUNNING
-    game.tick()  # still walking (20 s)
+    game.tick()  # still walking (30 s)
     game.tick(player_near=True)
-    assert game["location"] == "gate"
     assert game["state"] == "patrolling"  # a player by day is no threat
+    assert game.tree.find("walk").status is Status.RUNNING
+    game.tick()
+    assert game["location"] == "gate"
     assert game.actions == ["look_around"]
-    game.tick()  # pause done: the patrol loop succeeds
-    game.tick()
-    game.tick()
-    game.tick()
-    assert game["location"] == "market"  # next waypoint on the route
+    assert game.tick() is Status.SUCCESS  # pause done: one round of the patrol loop
+    for _ in range(4):
+        game.tick()
+    assert game["location"] == "market"  # the next waypoint on the route
 
 
 def test_guard_turns_alert_at_night_and_the_horn_respects_its_cooldown() -> None:
