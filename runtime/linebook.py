@@ -397,12 +397,16 @@ class LineBook:
                 if k == "tone":
                     tone = rd.string(v, f"{f}.tone")
                     if tone not in TONES:
-                        raise rd.fail(v, f"{f}.tone", f"unknown tone {tone!r}; known: {list(TONES)}")
+                        raise rd.fail(
+                            v, f"{f}.tone", f"unknown tone {tone!r}; known: {list(TONES)}"
+                        )
                 elif k == "slots":
                     slots = set(self._slot_names(rd, v, f"{f}.slots"))
                 elif k not in ("leads", "codas", "description"):
                     raise rd.fail(
-                        knode, f"{f}.{k}", "unknown field; known: description, tone, slots, leads, codas"
+                        knode,
+                        f"{f}.{k}",
+                        "unknown field; known: description, tone, slots, leads, codas",
                     )
             self._state_tone[name] = tone
             self._state_slots[name] = slots
@@ -427,7 +431,9 @@ class LineBook:
             f = f"context.{slot}"
             rd.name(key, f)
             if slot in self.slots:
-                raise rd.fail(key, f, "a context slot must not share its name with a free-text slot")
+                raise rd.fail(
+                    key, f, "a context slot must not share its name with a free-text slot"
+                )
             values: list[str] = []
             for vname, vkey, _vnode in rd.mapping(value, f):
                 rd.name(vkey, f"{f}.{vname}")
@@ -462,10 +468,18 @@ class LineBook:
                     for i, item in enumerate(rd.seq(v, f"{f}.excludes")):
                         other = rd.name(item, f"{f}.excludes[{i}]")
                         if other not in self.persona_traits:
-                            raise rd.fail(item, f"{f}.excludes[{i}]", _unknown("persona trait", other, self.persona_traits))
+                            raise rd.fail(
+                                item,
+                                f"{f}.excludes[{i}]",
+                                _unknown("persona trait", other, self.persona_traits),
+                            )
                         excludes.add(other)
                 elif k not in ("description", *TONES):
-                    raise rd.fail(knode, f"{f}.{k}", "unknown field; known: description, excludes, calm, urgent")
+                    raise rd.fail(
+                        knode,
+                        f"{f}.{k}",
+                        "unknown field; known: description, excludes, calm, urgent",
+                    )
             self._trait_excludes[name] = excludes
         for name in self.persona_traits:
             for other in self._trait_excludes[name]:
@@ -476,10 +490,14 @@ class LineBook:
         names = rd.names(node, field)
         for i, name in enumerate(names):
             if name not in self.slots:
-                raise rd.fail(rd.seq(node, field)[i], f"{field}[{i}]", _unknown("slot", name, self.slots))
+                raise rd.fail(
+                    rd.seq(node, field)[i], f"{field}[{i}]", _unknown("slot", name, self.slots)
+                )
         return names
 
-    def _tone_lists(self, rd: _Reader, node: yaml.Node, field: str, slots: set[str]) -> dict[str, list[_Source]]:
+    def _tone_lists(
+        self, rd: _Reader, node: yaml.Node, field: str, slots: set[str]
+    ) -> dict[str, list[_Source]]:
         out: dict[str, list[_Source]] = {t: [] for t in TONES}
         for k, _knode, v in rd.mapping(node, field):
             if k in TONES:
@@ -525,7 +543,9 @@ class LineBook:
                     continue
                 for k, knode, _v in rd.mapping(vnode, vf):
                     if k not in (*TONES, "description"):
-                        raise rd.fail(knode, f"{vf}.{k}", "unknown field; known: description, calm, urgent")
+                        raise rd.fail(
+                            knode, f"{vf}.{k}", "unknown field; known: description, calm, urgent"
+                        )
                 self._ctx_frags[(slot, vname)] = self._tone_lists(rd, vnode, vf, set())
             assert list(values)
         # archetypes: voice groups, persona defaults, slots
@@ -538,8 +558,14 @@ class LineBook:
             fields = {k: (knode, v) for k, knode, v in rd.mapping(value, f)}
             for k, (knode, _v) in fields.items():
                 if k not in ("description", "slots", "voice", "tags"):
-                    raise rd.fail(knode, f"{f}.{k}", "unknown field; known: description, slots, voice, tags")
-            slots = set(self._slot_names(rd, fields["slots"][1], f"{f}.slots")) if "slots" in fields else set()
+                    raise rd.fail(
+                        knode, f"{f}.{k}", "unknown field; known: description, slots, voice, tags"
+                    )
+            slots = (
+                set(self._slot_names(rd, fields["slots"][1], f"{f}.slots"))
+                if "slots" in fields
+                else set()
+            )
             self._arch_slots[name] = slots
             if "voice" not in fields:
                 raise rd.fail(value, f"{f}.voice", "required field is missing")
@@ -579,7 +605,9 @@ class LineBook:
                 if intent not in self.intents:
                     raise rd.fail(ikey, f"{f}.{intent}", _unknown("intent", intent, self.intents))
                 if (state, intent) in self._replies:
-                    raise rd.fail(ikey, f"{f}.{intent}", "duplicate replies for this state and intent")
+                    raise rd.fail(
+                        ikey, f"{f}.{intent}", "duplicate replies for this state and intent"
+                    )
                 srcs = self._templates(rd, inode, f"{f}.{intent}")
                 self._check_slots(srcs, self._state_slots[state] | self._intent_slots[intent])
                 self._replies[(state, intent)] = srcs
@@ -587,7 +615,10 @@ class LineBook:
             for intent in self.intents:
                 if (state, intent) not in self._replies:
                     raise LineBookError(
-                        self._first_file, 1, f"replies.{state}.{intent}", "no replies for this state and intent"
+                        self._first_file,
+                        1,
+                        f"replies.{state}.{intent}",
+                        "no replies for this state and intent",
                     )
         # compose patterns
         self._patterns: list[_Pattern] = []
@@ -597,7 +628,9 @@ class LineBook:
                 fields = {k: (knode, v) for k, knode, v in rd.mapping(item, f)}
                 for k, (knode, _v) in fields.items():
                     if k not in ("pattern", "weight", "tones"):
-                        raise rd.fail(knode, f"{f}.{k}", "unknown field; known: pattern, weight, tones")
+                        raise rd.fail(
+                            knode, f"{f}.{k}", "unknown field; known: pattern, weight, tones"
+                        )
                 if "pattern" not in fields:
                     raise rd.fail(item, f"{f}.pattern", "required field is missing")
                 src = self._template(rd, fields["pattern"][1], f"{f}.pattern")
@@ -605,13 +638,21 @@ class LineBook:
                     raise src.where.error("a compose pattern may not use slots")
                 if not src.refs & {"lead", "coda", "reply"}:
                     raise src.where.error("a compose pattern must use [lead], [coda] or [reply]")
-                weight = rd.integer(fields["weight"][1], f"{f}.weight", 1, 1000) if "weight" in fields else 1
+                weight = (
+                    rd.integer(fields["weight"][1], f"{f}.weight", 1, 1000)
+                    if "weight" in fields
+                    else 1
+                )
                 tones: tuple[str, ...] = TONES
                 if "tones" in fields:
                     tones = tuple(rd.names(fields["tones"][1], f"{f}.tones"))
                     for t in tones:
                         if t not in TONES:
-                            raise rd.fail(fields["tones"][1], f"{f}.tones", f"unknown tone {t!r}; known: {list(TONES)}")
+                            raise rd.fail(
+                                fields["tones"][1],
+                                f"{f}.tones",
+                                f"unknown tone {t!r}; known: {list(TONES)}",
+                            )
                 self._patterns.append(_Pattern(src.template, weight, tones, src.where))
         if not self._patterns:
             raise LineBookError(self._first_file, 1, "compose", "required section is missing")
@@ -634,7 +675,9 @@ class LineBook:
             elif key_name == "seed":
                 self.seed = rd.integer(value, f, 0, 2**31)
             else:
-                raise rd.fail(key, f, "unknown field; known: per_condition, max_words, min_words, seed")
+                raise rd.fail(
+                    key, f, "unknown field; known: per_condition, max_words, min_words, seed"
+                )
         # held-out pairs
         self.heldout_pairs: list[tuple[str, str]] = []
         for rd, node in raw.lists.get("heldout_pairs", []):
@@ -668,10 +711,14 @@ class LineBook:
                     self._check_slots(srcs, self._state_slots[state] | self._arch_slots[name])
                     self._fallback_overrides[(name, state)] = srcs
             else:
-                raise rd.fail(key, f, _unknown("state or archetype", name, self.states + self.archetypes))
+                raise rd.fail(
+                    key, f, _unknown("state or archetype", name, self.states + self.archetypes)
+                )
         for state in self.states:
             if state not in self._fallbacks:
-                raise LineBookError(self._first_file, 1, f"fallbacks.{state}", "no fallback lines for this state")
+                raise LineBookError(
+                    self._first_file, 1, f"fallbacks.{state}", "no fallback lines for this state"
+                )
 
     def _check_references(self) -> None:
         voice_groups = {g for v in self._voice.values() for g in v}
@@ -679,7 +726,9 @@ class LineBook:
         for src in self._sources:
             for ref in sorted(src.refs):
                 if ref not in known:
-                    raise src.where.error(_unknown("group", f"[{ref}]", sorted(f"[{k}]" for k in known)))
+                    raise src.where.error(
+                        _unknown("group", f"[{ref}]", sorted(f"[{k}]" for k in known))
+                    )
                 if ref in voice_groups:
                     for arch in self.archetypes:
                         if ref not in self._voice[arch]:
@@ -692,7 +741,9 @@ class LineBook:
             for src in srcs:
                 bad = src.refs & {"lead", "coda", "reply", "tag"}
                 if bad:
-                    raise src.where.error(f"[{sorted(bad)[0]}] may only be used in compose patterns")
+                    raise src.where.error(
+                        f"[{sorted(bad)[0]}] may only be used in compose patterns"
+                    )
         for group in [*self._voice.values(), self._phrases]:
             for srcs in group.values():
                 for src in srcs:
@@ -717,7 +768,9 @@ class LineBook:
         _check_known("archetype", archetype, self.archetypes)
         _check_known("state", state, self.states)
         _check_known("intent", intent, self.intents)
-        return set(self._arch_slots[archetype] | self._state_slots[state] | self._intent_slots[intent])
+        return set(
+            self._arch_slots[archetype] | self._state_slots[state] | self._intent_slots[intent]
+        )
 
     def examples(self) -> list[Example]:
         """Every expanded example, in catalog order (archetype, state, intent), deterministic.
@@ -780,7 +833,9 @@ class LineBook:
                     seq for src in group for seq in self._enumerate(src.template, arch, limit)
                 ][:limit] or [[""]]
             else:
-                options = [seq for alt in part[1] for seq in self._enumerate(alt, arch, limit)][:limit]
+                options = [seq for alt in part[1] for seq in self._enumerate(alt, arch, limit)][
+                    :limit
+                ]
             results = [r + o for r in results for o in options][:limit]
         yield from results
 
@@ -828,7 +883,9 @@ class LineBook:
         first = rng.choice(self.persona_traits)
         if rng.random() < 0.5:
             return (first,)
-        others = [t for t in self.persona_traits if t != first and t not in self._trait_excludes[first]]
+        others = [
+            t for t in self.persona_traits if t != first and t not in self._trait_excludes[first]
+        ]
         if not others:
             return (first,)
         return tuple(sorted((first, rng.choice(others))))
@@ -837,7 +894,18 @@ class LineBook:
 class _Env:
     """Resolves groups for one sampled line; the drawn persona and context decide fragments."""
 
-    __slots__ = ("arch", "book", "ctx", "intent", "persona", "rng", "state", "tone", "used", "voice")
+    __slots__ = (
+        "arch",
+        "book",
+        "ctx",
+        "intent",
+        "persona",
+        "rng",
+        "state",
+        "tone",
+        "used",
+        "voice",
+    )
 
     def __init__(
         self,

@@ -77,7 +77,9 @@ def _closest_first(value: str, known: Sequence[str]) -> list[str]:
 
 
 def _unknown(kind: str, value: object, known: Sequence[str]) -> ValueError:
-    return ValueError(f"unknown {kind} {value!r}; known: {', '.join(_closest_first(str(value), known))}")
+    return ValueError(
+        f"unknown {kind} {value!r}; known: {', '.join(_closest_first(str(value), known))}"
+    )
 
 
 class Tokenizer:
@@ -113,7 +115,9 @@ class Tokenizer:
         for i, (a, b) in enumerate(self.merges):
             new_id = self.byte_offset + 256 + i
             if not (self.byte_offset <= a < new_id and self.byte_offset <= b < new_id):
-                raise ValueError(f"merge {i} ({a}, {b}) refers to an id that is not a byte or an earlier merge")
+                raise ValueError(
+                    f"merge {i} ({a}, {b}) refers to an id that is not a byte or an earlier merge"
+                )
             if (a, b) in self._rank:
                 raise ValueError(f"merge {i} ({a}, {b}) is a duplicate")
             self._rank[(a, b)] = new_id
@@ -269,7 +273,8 @@ class Tokenizer:
     def to_json(self) -> dict:
         units = bytes_to_units()
         tokens = list(self.controls) + [
-            "".join(units[b] for b in self._bytes[i]) for i in range(self.n_control, self.vocab_size)
+            "".join(units[b] for b in self._bytes[i])
+            for i in range(self.n_control, self.vocab_size)
         ]
         return {
             "format": FORMAT,
@@ -285,7 +290,9 @@ class Tokenizer:
 
     def save(self, path: str | Path) -> None:
         """Write the tokenizer as JSON (see docs/tokenizer.md)."""
-        Path(path).write_text(json.dumps(self.to_json(), ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+        Path(path).write_text(
+            json.dumps(self.to_json(), ensure_ascii=False, indent=1) + "\n", encoding="utf-8"
+        )
 
     @classmethod
     def from_json(cls, data: Mapping) -> Tokenizer:
