@@ -379,7 +379,7 @@ class _Parser:
 
     def _expression(self) -> _Node:
         first = self.tok
-        nxt = self.tokens[self.pos + 1]
+        nxt = self.tokens[min(self.pos + 1, len(self.tokens) - 1)]  # "end" repeats at the end
         if first.kind == "name" and nxt.kind == "op" and nxt.text in _ASSIGN_OPS:
             if first.text in self.enums:
                 raise self.error(f"cannot assign to enum constant {first.text!r}", first)

@@ -262,6 +262,7 @@ def test_assigning_an_enum_is_a_compile_error() -> None:
     ("source", "problem", "column"),
     [
         ("1 +", "expected a value but found end of script", 4),
+        ("(", "expected a value but found end of script", 2),
         ("(1 + 2", "expected ')' but found end of script", 7),
         ("x := (3 + ) * 2", "expected a value but found ')'", 11),
         ("1 2", "expected ';' or an operator but found '2'", 3),

@@ -176,3 +176,28 @@ def test_statement_sequences_update_keys_like_python(steps: list[tuple[str, str,
     last = compile_script("; ".join(f"{k} {op} {v}" for k, op, v in steps))(env)
     assert env.data == expected
     assert last == expected[steps[-1][0]]
+
+
+FRAGMENTS = [
+    "a", "b", "@c", "_d", "1", "2.5", "0x1F", "'s'", '"t"', "true", "false",
+    ":=", "=", "+=", "-=", "*=", "/=", "+", "-", "*", "/", "%", "..", "!",
+    "==", "!=", "<", "<=", ">", ">=", "&&", "||", "?", ":", "(", ")", ";", " ",
+    "'", "\\", "#", "&", ".", "1e", "@",
+]  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(st.lists(st.sampled_from(FRAGMENTS), min_size=1, max_size=14))
+def test_any_token_soup_either_runs_or_raises_script_error(parts: list[str]) -> None:
+    """Bad input never escapes as anything but ScriptError, at compile or run time."""
+    source = "".join(parts)
+    try:
+        script = compile_script(source)
+    except ScriptError as error:
+        assert error.column is not None and 1 <= error.column <= len(source) + 1
+        return
+    env = DictEnv({"a": 3, "b": "x", "@c": True, "_d": 0.5})
+    try:
+        script(env)
+    except ScriptError as error:
+        assert error.expression is not None and error.expression in source
