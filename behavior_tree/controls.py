@@ -471,7 +471,8 @@ class IfThenElse(ControlNode):
 class WhileDoElse(ControlNode):
     """``[condition, do, else?]``, reactive: the condition is ticked on every tick.
     SUCCESS ticks ``do`` (halting ``else``), FAILURE ticks ``else`` (halting ``do``)
-    or fails when there is no ``else``."""
+    or fails when there is no ``else``. A RUNNING condition halts whichever
+    branch was running (BT.CPP leaves it RUNNING; we keep one RUNNING child)."""
 
     __slots__ = ()
     min_children = 2
@@ -481,6 +482,8 @@ class WhileDoElse(ControlNode):
         children = self.children
         cond = children[0].tick()
         if cond is RUNNING:
+            for c in children[1:]:
+                _halt_one(c)
             self.status = RUNNING
             return RUNNING
         if cond is SUCCESS:
