@@ -1,0 +1,321 @@
+"""Constraints on a generated line: banned words at the token level, slot filling, repeat memory.
+
+Banned words are blocked while sampling, never filtered afterwards. A word is what
+:func:`runtime.text_metrics.banned_hits` calls a word (lower-cased ``[a-z]+`` with an inner
+apostrophe); a banned entry may be a phrase (``"train station"``): its words must follow one
+another, whatever punctuation sits between them. :class:`BannedWordMask` walks the text a
+candidate token would add from the current state (the partial word being spelled and the
+banned phrases under way) and blocks the token if it would *complete* a banned word at a word
+boundary. A token that ends exactly on a banned word (``" car"``) is allowed, because the next
+token may still extend it (``"t"`` -> ``"cart"``); the next token is then only allowed if it
+keeps spelling letters, and ``eos`` and the last token of the budget count as a boundary.
+
+Masks depend only on that small state, so each state's mask over the whole vocabulary is
+computed once (a few milliseconds) and memoised; a decode step costs one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from runtime.tokenizer import Tokenizer
+
+_WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
+_SLOT_MARKER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_DEAD = "\x00"  # the partial word can no longer become a banned word
+
+
+def _is_letter(c: str) -> bool:
+    return "a" <= c <= "z"
+
+
+@dataclass(frozen=True)
+class WordState:
+    """Where the text stands for banned-word purposes.
+
+    ``partial``: the word being spelled (lower case, possibly with an apostrophe), ``""`` at a
+    boundary, or a marker meaning it cannot become banned. ``phrases``: for each banned phrase
+    under way, ``(phrase index, words matched so far)``.
+    """
+
+    partial: str = ""
+    phrases: frozenset[tuple[int, int]] = frozenset()
+
+
+class BannedWordMask:
+    """Token masks that keep banned words and phrases out of generated text.
+
+    ``words``: banned words or phrases (case-insensitive). ``tokenizer``: the model's
+    tokenizer. Always blocked too: control tokens other than ``eos`` and slot tokens, and tokens
+    holding ASCII control characters (newline, tab, ...): none has a place inside a line.
+    """
+
+    def __init__(self, words: Iterable[str], tokenizer: Tokenizer) -> None:
+        phrases = []
+        for w in words:
+            parts = tuple(_WORD.findall(w.lower()))
+            if parts and parts not in phrases:
+                phrases.append(parts)
+        self.phrases: list[tuple[str, ...]] = phrases
+        self._single = {p[0] for p in phrases if len(p) == 1}
+        self._multi = [p for p in phrases if len(p) > 1]
+        prefixes = set()
+        for p in phrases:
+            for word in p:
+                for i in range(1, len(word) + 1):
+                    prefixes.add(word[:i])
+        self._prefixes = prefixes
+        self.tokenizer = tokenizer
+        self.vocab_size = tokenizer.vocab_size
+        self.eos_id = tokenizer.eos_id
+        self._texts: list[str] = []
+        self._always_blocked = np.zeros(self.vocab_size, dtype=bool)
+        for i in range(self.vocab_size):
+            if i < tokenizer.n_control:
+                slot = tokenizer._slot_of.get(i)
+                self._texts.append("{" + slot + "}" if slot else "")
+                self._always_blocked[i] = slot is None and i != self.eos_id
+            else:
+                # bytes >= 0x80 never spell [a-z]: latin-1 keeps one char per byte
+                raw = tokenizer.token_bytes(i)
+                self._texts.append(raw.decode("latin-1").lower())
+                # ASCII control characters (newlines included) have no place in a subtitle
+                self._always_blocked[i] = any(b < 0x20 or b == 0x7F for b in raw)
+        self._memo: dict[tuple[WordState, bool], np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------ state machine
+
+    def _word_done(self, word: str, phrases: frozenset[tuple[int, int]]
+                   ) -> tuple[bool, frozenset[tuple[int, int]]]:
+        """A word ended: (is a banned word or phrase now complete, phrases under way after it)."""
+        word = word.strip("'")
+        if not word:
+            return False, phrases
+        if word in self._single:
+            return True, frozenset()
+        nxt = set()
+        for idx, n in (*phrases, *((i, 0) for i in range(len(self._multi)))):
+            p = self._multi[idx]
+            if p[n] == word:
+                if n + 1 == len(p):
+                    return True, frozenset()
+                nxt.add((idx, n + 1))
+        return False, frozenset(nxt)
+
+    def advance(self, state: WordState, text: str, *, final: bool = False) -> WordState | None:
+        """The state after ``text`` is appended, or None if that completes a banned word.
+
+        ``final``: the text ends the line, so a word still being spelled ends too.
+        """
+        partial, phrases = state.partial, state.phrases
+        for c in text:
+            if _is_letter(c) or (c == "'" and partial not in ("",)):
+                if partial != _DEAD:
+                    partial += c
+                    if partial.strip("'") not in self._prefixes and partial.strip("'"):
+                        partial = _DEAD
+                continue
+            if partial:
+                if partial != _DEAD:
+                    banned, phrases = self._word_done(partial, phrases)
+                    if banned:
+                        return None
+                else:
+                    phrases = frozenset()
+                partial = ""
+        if final and partial:
+            if partial != _DEAD:
+                banned, phrases = self._word_done(partial, phrases)
+                if banned:
+                    return None
+            partial = ""
+        return WordState(partial, phrases)
+
+    def blocked(self, state: WordState, *, last: bool = False) -> np.ndarray:
+        """Bool mask [vocab]: True where the token must not be sampled in ``state``.
+
+        ``last``: the next token is the last of the budget (its end is the end of the line).
+        The returned array is shared and read-only.
+        """
+        key = (state, last)
+        mask = self._memo.get(key)
+        if mask is not None:
+            return mask
+        mask = self._always_blocked.copy()
+        for i, text in enumerate(self._texts):
+            if mask[i]:
+                continue
+            if i == self.eos_id:
+                mask[i] = self.advance(state, "", final=True) is None
+            elif text:
+                mask[i] = self.advance(state, text, final=last) is None
+        mask.flags.writeable = False
+        with self._lock:
+            if len(self._memo) > 4096:  # pathological texts only; states are normally few
+                self._memo.clear()
+            self._memo[key] = mask
+        return mask
+
+    def step(self, state: WordState, token_id: int) -> WordState:
+        """The state after ``token_id`` was emitted (the token must not have been blocked)."""
+        new = self.advance(state, self._texts[token_id])
+        return new if new is not None else WordState(_DEAD)
+
+
+def fill_slots(text: str, values: Mapping[str, str]) -> str:
+    """Replace ``{slot}`` markers with ``values[slot]``; markers without a value stay."""
+    return _SLOT_MARKER.sub(lambda m: str(values.get(m.group(1), m.group(0))), text)
+
+
+def unfilled_slots(text: str) -> set[str]:
+    """Names of ``{slot}`` markers left in ``text``."""
+    return set(_SLOT_MARKER.findall(text))
+
+
+def normalise_line(text: str) -> str:
+    """The form lines are compared in by the repeat memory: lower case, words only."""
+    return " ".join(re.findall(r"\w+", text.lower()))
+
+
+class RepeatMemory:
+    """The last ``size`` lines said per key (an NPC and a player), for repeat avoidance.
+
+    Lines are compared after :func:`normalise_line`. At most ``max_keys`` keys are kept, the
+    least recently used dropped first. Thread-safe.
+    """
+
+    def __init__(self, size: int = 8, max_keys: int = 10_000) -> None:
+        if size < 0 or max_keys < 1:
+            raise ValueError(f"size must be >= 0 and max_keys >= 1, got {size}, {max_keys}")
+        self.size = size
+        self.max_keys = max_keys
+        self._lines: OrderedDict[object, deque[str]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def said_recently(self, key: object, text: str) -> bool:
+        norm = normalise_line(text)
+        with self._lock:
+            lines = self._lines.get(key)
+            return lines is not None and norm in lines
+
+    def remember(self, key: object, text: str) -> None:
+        if self.size == 0:
+            return
+        with self._lock:
+            lines = self._lines.get(key)
+            if lines is None:
+                lines = self._lines[key] = deque(maxlen=self.size)
+                if len(self._lines) > self.max_keys:
+                    self._lines.popitem(last=False)
+            else:
+                self._lines.move_to_end(key)
+            lines.append(normalise_line(text))
+
+    def recent(self, key: object) -> list[str]:
+        """The remembered (normalised) lines for ``key``, oldest first."""
+        with self._lock:
+            return list(self._lines.get(key, ()))
+
+
+@dataclass(frozen=True)
+class SlotRules:
+    """Which free-text slots a line may contain, per archetype, state and intent (from the line book)."""
+
+    slots: tuple[str, ...]
+    archetype: Mapping[str, frozenset[str]]
+    state: Mapping[str, frozenset[str]]
+    intent: Mapping[str, frozenset[str]]
+
+    def allowed(self, archetype: str, state: str, intent: str) -> frozenset[str]:
+        return (self.archetype.get(archetype, frozenset()) | self.state.get(state, frozenset())
+                | self.intent.get(intent, frozenset()))
+
+
+def read_constraints(model_dir: str | Path | None = None, book_path: str | Path | None = None
+                     ) -> tuple[list[str], SlotRules]:
+    """(banned words, slot rules) for a model: ``model_dir/constraints.json`` if present, else the
+    line book's (default: the shipped one).
+
+    ``constraints.json``: ``{"banned_words": [...], "slots": [...], "slot_rules": {"archetype":
+    {name: [slots]}, "state": {...}, "intent": {...}}}``. The line book is read for these two
+    fields only (its YAML, without expanding templates), which keeps model loading fast; the
+    book itself is validated when a model is trained from it.
+    """
+    if model_dir is not None and (Path(model_dir) / "constraints.json").is_file():
+        path = Path(model_dir) / "constraints.json"
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            rules = data["slot_rules"]
+            return list(data["banned_words"]), SlotRules(
+                tuple(data["slots"]),
+                *({k: frozenset(v) for k, v in rules[kind].items()} for kind in ("archetype", "state", "intent")))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}: not a constraints file ({exc})") from exc
+    import yaml
+
+    from runtime.linebook import DEFAULT_PATH
+
+    root = Path(book_path) if book_path is not None else DEFAULT_PATH
+    files = sorted(p for p in root.iterdir() if p.suffix in (".yaml", ".yml")) if root.is_dir() else [root]
+    banned: list[str] = []
+    slots: list[str] = []
+    rules: dict[str, dict[str, frozenset[str]]] = {"archetypes": {}, "states": {}, "intents": {}}
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    for file in files:
+        try:
+            doc = yaml.load(file.read_text(encoding="utf-8"), Loader=loader) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ValueError(f"{file}: cannot read the line book ({exc})") from exc
+        for word in doc.get("banned_words") or ():
+            if str(word).strip().lower() not in banned:
+                banned.append(str(word).strip().lower())
+        slots += [str(s) for s in doc.get("slots") or () if str(s) not in slots]
+        for section, table in rules.items():
+            for name, spec in (doc.get(section) or {}).items():
+                table[str(name)] = frozenset((spec or {}).get("slots") or ()) if isinstance(spec, dict) else frozenset()
+    return banned, SlotRules(tuple(slots), rules["archetypes"], rules["states"], rules["intents"])
+
+
+def usable(text: str) -> str | None:
+    """None if ``text`` is a usable line, else why not (``empty``, ``no_words``)."""
+    if not text.strip():
+        return "empty"
+    if not re.search(r"[A-Za-z]{2,}", text):
+        return "no_words"
+    return None
+
+
+def check_sampling(temperature: float, top_k: int, top_p: float, max_tokens: int,
+                   min_tokens: int = 0) -> None:
+    """Raise ValueError naming the first out-of-range sampling parameter."""
+    if not isinstance(temperature, (int, float)) or not np.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    if not isinstance(top_k, (int, np.integer)) or isinstance(top_k, bool) or top_k < 0:
+        raise ValueError(f"top_k must be an int >= 0 (0 = no limit), got {top_k!r}")
+    if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    if not isinstance(max_tokens, (int, np.integer)) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
+    if not isinstance(min_tokens, (int, np.integer)) or not 0 <= min_tokens <= max_tokens:
+        raise ValueError(f"min_tokens must be an int in [0, max_tokens={max_tokens}], got {min_tokens!r}")
+
+
+def stop_index(text: str, stops: Sequence[str]) -> int:
+    """Index of the first stop string in ``text``, or -1."""
+    hits = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    return min(hits) if hits else -1
+
+
+__all__ = ["BannedWordMask", "RepeatMemory", "SlotRules", "WordState", "check_sampling",
+           "fill_slots", "normalise_line", "read_constraints", "stop_index", "unfilled_slots", "usable"]

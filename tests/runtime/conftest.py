@@ -1,0 +1,45 @@
+"""Shared runtime fixtures: a tiny exported Flash model directory (nothing trained, fixed seed).
+
+``tiny_model_dir`` is what ``flashnpc export`` writes (model.onnx, model.int4.onnx,
+tokenizer.json, config.json, catalog.json, fallbacks.json) for a random tiny model with a
+tokenizer trained on a slice of the default line book. Its lines are garbage, which is exactly
+what exercises fallbacks and the banned-token masks.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from tests.runtime.test_export_fixtures import tiny_config, tiny_model
+
+
+def build_tiny_model_dir(root: Path, *, seed: int = 0, vocab_size: int = 512, block_size: int = 64) -> Path:
+    """Export a seeded random tiny model with a line-book tokenizer to ``root/flash``."""
+    import torch
+
+    from runtime.export import export_checkpoint
+    from runtime.linebook import load_line_book
+    from runtime.tokenizer import train_tokenizer
+
+    book = load_line_book()
+    catalog = book.catalog()
+    texts = [e.text for e in book.examples()[::97]]
+    tok = train_tokenizer(texts, catalog, vocab_size=vocab_size)
+    model = tiny_model(tiny_config(vocab_size=tok.vocab_size, block_size=block_size), seed=seed)
+    ckpt = root / "ckpt"
+    ckpt.mkdir(parents=True)
+    torch.save({"config": asdict(model.config), "model": model.state_dict(), "step": 1}, ckpt / "model.pt")
+    (ckpt / "config.json").write_text(json.dumps(asdict(model.config)))
+    (ckpt / "catalog.json").write_text(json.dumps(catalog))
+    tok.save(ckpt / "tokenizer.json")
+    export_checkpoint(ckpt, root / "flash")
+    return root / "flash"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model_dir(tmp_path_factory.mktemp("tiny_flash"))
