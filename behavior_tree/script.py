@@ -118,7 +118,7 @@ class ScriptError(ValueError):
             return f"{self.problem}{where} in script {self.source!r}"
         multiline = "\n" in self.source
         at = f"line {self.line}, column {self.column}" if multiline else f"column {self.column}"
-        text = self.source.splitlines()[self.line - 1] if self.source else ""
+        text = self.source.split("\n")[self.line - 1].rstrip("\r")
         width = 1 if end is None else max(1, min(end, start + len(text) - self.column + 1) - start)
         caret = " " * (self.column - 1) + "^" * width
         return f"{self.problem}{where}, at {at} of script:\n    {text}\n    {caret}"

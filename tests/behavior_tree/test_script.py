@@ -325,6 +325,13 @@ def test_moderately_deep_scripts_compile_and_run() -> None:
     assert run("!" * 60 + "true") is True
 
 
+def test_an_error_at_the_end_of_a_trailing_newline_still_formats() -> None:
+    with pytest.raises(ScriptError) as info:
+        compile_script("a := 1 +\r\n")
+    assert (info.value.line, info.value.column) == (2, 1)
+    assert "line 2, column 1" in str(info.value)
+
+
 def test_non_string_source_is_a_type_error() -> None:
     with pytest.raises(TypeError, match="must be a str"):
         compile_script(42)  # type: ignore[arg-type]
