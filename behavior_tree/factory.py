@@ -460,7 +460,9 @@ class Factory:
             if key is not None:
                 if attr in script_ports:
                     raise err(PortError, f"port {attr!r} must be a literal script, not {raw!r}")
-                bindings[attr] = Binding(port, key, None, raw, False)
+                # a key binding falls back to the port default when the key is missing
+                bindings[attr] = Binding(port, key, None if port.required else port.default, raw,
+                                         not port.required)
                 continue
             if not port.is_input:
                 raise err(PortError, f"output port {attr!r} must name a blackboard key "
