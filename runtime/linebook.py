@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import itertools
 import random
 import re
 from collections.abc import Iterator, Sequence
@@ -846,7 +847,7 @@ class LineBook:
             for state in self.states:
                 tone = self._state_tone[state]
                 patterns = [p for p in self._patterns if tone in p.tones]
-                weights = [p.weight for p in patterns]
+                cum_weights = list(itertools.accumulate(p.weight for p in patterns))
                 for intent in self.intents:
                     rng = random.Random(f"{self.seed}:{arch}:{state}:{intent}")
                     seen: set[str] = set()
@@ -855,7 +856,7 @@ class LineBook:
                         attempts += 1
                         persona = self._draw_persona(rng)
                         ctx = {slot: rng.choice(self.context[slot]) for slot in ctx_slots}
-                        pattern = rng.choices(patterns, weights)[0]
+                        pattern = rng.choices(patterns, cum_weights=cum_weights)[0]
                         env = _Env(self, arch, state, intent, tone, persona, ctx, rng)
                         text = _normalize("".join(env.expand(pattern.template)))
                         n_words = len(text.split())
@@ -963,8 +964,11 @@ class _Env:
             options = book._ctx_frags[(group, self.ctx[group])][self.tone]
         elif group in book._phrases:
             # no phrase twice in one line
-            options = [o for o in book._phrases[group] if id(o) not in self.used]
-            choice = rng.choice(options or book._phrases[group])
+            options = book._phrases[group]
+            choice = rng.choice(options)
+            if id(choice) in self.used:
+                fresh = [o for o in options if id(o) not in self.used]
+                choice = rng.choice(fresh) if fresh else choice
             self.used.add(id(choice))
             return choice
         else:
