@@ -131,24 +131,30 @@ def validation_factory(root: Element, factory: Factory | None = None) -> tuple[F
     return factory, added
 
 
-def load_for_tools(path: str | Path) -> tuple[dict[str, TreeDefinition], str, list[str]]:
+def load_for_tools(path: str | Path) -> tuple[dict[str, TreeDefinition], str | None, list[str]]:
     """Load every BehaviorTree of an XML file the way ``validate`` does.
 
-    Returns ({tree ID: definition}, main tree ID, stand-in node IDs). Raises
-    TreeLoadError (or OSError) for the first problem found.
+    Returns ({tree ID: definition}, main tree ID, stand-in node IDs). The main
+    tree is None for a library file: several trees and no
+    ``main_tree_to_execute``. Raises TreeLoadError (or OSError) for the first
+    problem found.
     """
     path = Path(path)
     text = path.read_text(encoding="utf-8")
     source = str(path)
     root = parse_xml(text, source)
     factory, stand_ins = validation_factory(root)
-    main = factory.load(text, filename=source)  # checks the document and the main tree
-    definitions = {main.main_tree: main}
-    for element in root.children:
-        tree_id = element.attrs.get("ID")
-        if element.tag == "BehaviorTree" and tree_id not in definitions:
+    tree_ids = [el.attrs.get("ID") for el in root.children if el.tag == "BehaviorTree"]
+    main: str | None = None
+    definitions: dict[str, TreeDefinition] = {}
+    if root.attrs.get("main_tree_to_execute") or len(tree_ids) <= 1:
+        definition = factory.load(text, filename=source)  # checks the document and the main tree
+        main = definition.main_tree
+        definitions[main] = definition
+    for tree_id in tree_ids:
+        if tree_id not in definitions:
             definitions[tree_id] = factory.load(text, main_tree=tree_id, filename=source)
-    return definitions, main.main_tree, stand_ins
+    return definitions, main, stand_ins
 
 
 # --------------------------------------------------------------------------- commands
@@ -190,6 +196,13 @@ def _render(args: argparse.Namespace) -> int:
         print(f"error: {_describe_error(exc, args.file)}", file=sys.stderr)
         return 1
     tree_id = args.tree or main
+    if tree_id is None:
+        print(
+            f"error: {args.file} has several trees and no main_tree_to_execute: pick one with "
+            f"--tree (have: {', '.join(definitions)})",
+            file=sys.stderr,
+        )
+        return 1
     if tree_id not in definitions:
         print(
             f"error: {args.file}: no BehaviorTree {tree_id!r} (have: {', '.join(definitions)})",

@@ -141,6 +141,24 @@ def test_every_behavior_tree_in_the_file_is_checked_not_only_the_main_one(
     assert f"{path}:3" in capsys.readouterr().err
 
 
+def test_a_library_file_without_a_main_tree_validates_each_tree(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "library.xml"
+    path.write_text(
+        '<root BTCPP_format="4">\n'
+        '<BehaviorTree ID="Wave"><AlwaysSuccess/></BehaviorTree>\n'
+        '<BehaviorTree ID="Bow"><Inverter><AlwaysFailure/></Inverter></BehaviorTree>\n'
+        "</root>\n"
+    )
+    assert main(["bt", "validate", str(path)]) == 0
+    assert "2 tree(s): Wave (1 nodes), Bow (2 nodes)" in capsys.readouterr().out
+    assert main(["bt", "render", str(path)]) == 1
+    assert "pick one with --tree (have: Wave, Bow)" in capsys.readouterr().err
+    assert main(["bt", "render", str(path), "--tree", "Bow"]) == 0
+    assert "Inverter" in capsys.readouterr().out
+
+
 def test_a_declared_only_node_refuses_to_tick(tmp_path: Path) -> None:
     from behavior_tree import Status
     from behavior_tree.cli import load_for_tools
