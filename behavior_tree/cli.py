@@ -66,6 +66,8 @@ def _declared_only(node: TreeNode) -> Status:
 def _model_ports(model: Element) -> list[Port]:
     ports: list[Port] = []
     for element in model.children:
+        if element.tag == "MetadataFields":  # BT.CPP >= 4.6 writes these for Groot2
+            continue
         make = _PORT_KINDS.get(element.tag)
         name = element.attrs.get("name")
         if make is None or not name:

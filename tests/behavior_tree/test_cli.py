@@ -52,7 +52,9 @@ def test_a_custom_node_declared_in_the_model_validates_with_its_ports(
     models = """
       <Action ID="Dance"><input_port name="style" type="std::string"/>
         <input_port name="beats" type="int" default="4"/></Action>
-      <Condition ID="IsMusicOn"/>
+      <Condition ID="IsMusicOn">
+        <MetadataFields><Metadata genre="folk"/></MetadataFields>
+      </Condition>
       <Control ID="Shuffle"/>
       <Decorator ID="Twice"><input_port name="gap" type="double"/></Decorator>"""
     body = """<Shuffle>
