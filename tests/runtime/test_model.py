@@ -9,6 +9,15 @@ from runtime.model import MLP, Flash, FlashConfig, MoE
 from runtime.quant import fake_quant_int4
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Tiny models: one thread is as fast, and spinning worker threads crawl on a busy shared CPU."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def tiny_config(**overrides) -> FlashConfig:
     base = dict(vocab_size=96, block_size=32, n_layer=2, n_head=2, n_embd=32, n_expert=8,
                 expert_hidden=32, top_k=1, moe_every=1)
