@@ -200,10 +200,6 @@ def _compact_trace(tree: Tree) -> str:
     return " | ".join(parts)
 
 
-def _show(value: Any) -> str:
-    return repr(value)
-
-
 def run_demo(seed: int = 0, ticks: int = 12, out: TextIO | None = None) -> int:
     """Run the guard demo, printing to ``out`` (stdout by default). Returns 0.
 
@@ -235,7 +231,7 @@ def run_demo(seed: int = 0, ticks: int = 12, out: TextIO | None = None) -> int:
         f"FlashNPC behavior-tree demo: a village guard (examples/trees/{path.name}), "
         f"seed {seed}, {ticks} ticks, {TICK_SECONDS:g} s of game time per tick"
     )
-    write("  keys the game sets: " + ", ".join(f"{k}={_show(v)}" for k, v in GUARD_START.items()))
+    write("  keys the game sets: " + ", ".join(f"{k}={v!r}" for k, v in GUARD_START.items()))
     write("")
     for tick in range(1, ticks + 1):
         now = tick * TICK_SECONDS
@@ -254,7 +250,7 @@ def run_demo(seed: int = 0, ticks: int = 12, out: TextIO | None = None) -> int:
         actions.clear()
         tree.tick()
         for key, old, new in changes:
-            write(f"    {key}: {_show(old)} -> {_show(new)}")
+            write(f"    {key}: {old!r} -> {new!r}")
         changes.clear()
         if actions:
             write("    does: " + ", ".join(actions))
