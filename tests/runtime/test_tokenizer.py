@@ -229,3 +229,51 @@ def test_load_rejects_foreign_or_inconsistent_json(small: Tokenizer, tmp_path: P
     path.write_text(json.dumps(data), encoding="utf-8")
     with pytest.raises(ValueError, match="refers to an id"):
         Tokenizer.load(path)
+
+
+def _pretokenize_by_hand(text: str) -> list[str]:
+    """docs/tokenizer.md's procedure, written without regular expressions."""
+    ws = set(" \t\n\r\f\v")
+
+    def kind(ch: str) -> str:
+        if ch in ws:
+            return "ws"
+        if ch.isascii() and ch.isalpha():
+            return "letter"
+        if ch.isascii() and ch.isdigit():
+            return "digit"
+        return "other"
+
+    chunks, i, n = [], 0, len(text)
+    while i < n:
+        if text[i] == "'":
+            suffix = next(
+                (s for s in ("s", "t", "re", "ve", "m", "ll", "d") if text.startswith(s, i + 1)),
+                None,
+            )
+            if suffix is not None:
+                chunks.append(text[i : i + 1 + len(suffix)])
+                i += 1 + len(suffix)
+                continue
+        start = i + 1 if text[i] == " " and i + 1 < n and kind(text[i + 1]) != "ws" else i
+        k = kind(text[start])
+        if k != "ws":
+            j = start
+            while j < n and kind(text[j]) == k:
+                j += 1
+            chunks.append(text[i:j])
+            i = j
+            continue
+        j = i
+        while j < n and kind(text[j]) == "ws":
+            j += 1
+        end = j if j == n or j - i == 1 else j - 1
+        chunks.append(text[i:end])
+        i = end
+    return chunks
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list(" \t\n'sdtmlrevAbz09!?,é\u00a0\u3000x")), max_size=30))
+def test_documented_pretokenize_procedure_matches_the_pattern(text: str) -> None:
+    assert _pretokenize_by_hand(text) == pretokenize(text)
