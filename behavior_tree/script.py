@@ -137,34 +137,12 @@ class _Token:
 
 
 _ASSIGN_OPS = (":=", "=", "+=", "-=", "*=", "/=")
-# longest first, so that "<=" wins over "<" and ".." over nothing
+# longest first, so that "<=" wins over "<" and "+=" over "+"
 _OPERATORS = sorted(
-    [
-        *_ASSIGN_OPS,
-        "==",
-        "!=",
-        "<=",
-        ">=",
-        "&&",
-        "||",
-        "..",
-        "+",
-        "-",
-        "*",
-        "/",
-        "%",
-        "!",
-        "<",
-        ">",
-        "?",
-        ":",
-        "(",
-        ")",
-        ";",
-    ],
-    key=len,
-    reverse=True,
-)
+    [*_ASSIGN_OPS, "==", "!=", "<=", ">=", "&&", "||", "..",
+     "+", "-", "*", "/", "%", "!", "<", ">", "?", ":", "(", ")", ";"],
+    key=len, reverse=True,
+)  # fmt: skip
 _NUMBER = re.compile(r"0[xX][0-9a-fA-F]+|(?:\d+\.\d+|\d+|\.\d+)(?:[eE][+-]?\d+)?")
 _NAME = re.compile(r"@?[A-Za-z_][A-Za-z0-9_]*")
 _ESCAPES = {"\\": "\\", "'": "'", '"': '"', "n": "\n", "t": "\t"}
