@@ -9,6 +9,10 @@
     tree.tick()                                # exactly one tick
     tree.halt()
 
+``RUNNING``, ``SUCCESS``, ``FAILURE``, ``IDLE``, ``SKIPPED`` are the Status members as
+module constants: on CPython 3.11 reading ``Status.RUNNING`` goes through the enum
+metaclass's ``__getattr__`` hook (~0.1 us), so hot callbacks should return the constants.
+
 See docs/behavior_tree.md for the node catalogue and semantics.
 """
 
@@ -64,12 +68,13 @@ from .node import (
 from .ports import BidirectionalPort, InputPort, OutputPort, Port
 from .scheduler import TreeScheduler
 from .script_nodes import Script, ScriptCondition
-from .status import Status
+from .status import FAILURE, IDLE, RUNNING, SKIPPED, SUCCESS, Status
 from .subtree import SubTree
 from .trace import TickRecord, TickTrace, Transition
 from .tree import NodeError, Tree
 
 __all__ = [
+    "FAILURE", "IDLE", "RUNNING", "SKIPPED", "SUCCESS",
     "ActionNode", "AlwaysFailure", "AlwaysSuccess", "AsyncAction", "BehaviorTreeError",
     "BidirectionalPort", "Blackboard", "BlackboardError", "BlackboardTypeError",
     "ConditionNode", "ControlNode", "Cooldown", "DecoratorNode", "Delay", "Element",

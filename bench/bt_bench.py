@@ -25,7 +25,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from behavior_tree import Factory, Status, TreeScheduler
+from behavior_tree import RUNNING, SUCCESS, Factory, Status, TreeScheduler
 
 BTCPP_US = 1.34  # BehaviorTree.CPP 4.10, executeTick, quoted (see module docstring)
 
@@ -47,7 +47,7 @@ def ours_reference(sequence_tag: str):
     f = Factory()
     f.register_condition("No", lambda ctx: False)
     f.register_condition("Yes", lambda ctx: True)
-    f.register_action("Act", lambda ctx: Status.RUNNING)
+    f.register_action("Act", lambda ctx: RUNNING)  # constants: see behavior_tree.status
     branch = f"<{sequence_tag}><No/><Act/></{sequence_tag}>"
     last = f"<{sequence_tag}><Yes/><Act/></{sequence_tag}>"
     xml = (f'<root BTCPP_format="4"><BehaviorTree ID="Ref"><ReactiveFallback>'
@@ -119,15 +119,15 @@ def npc_factory(rng: random.Random) -> Factory:
     f.register_condition("IsThreatened", lambda ctx: ctx.blackboard.get("threat", "") != "")
     f.register_condition("PlayerNear", lambda ctx: ctx.blackboard.get("player_near", False))
     f.register_condition("IsTired", lambda ctx: ctx.blackboard.get("stamina", 10) < 3)
-    f.register_action("RunFrom", lambda ctx: Status.RUNNING, ports=["threat"])
+    f.register_action("RunFrom", lambda ctx: RUNNING, ports=["threat"])
     f.register_action("Bark", lambda ctx: True, ports=["line"])
-    f.register_action("FacePlayer", lambda ctx: Status.RUNNING)
+    f.register_action("FacePlayer", lambda ctx: RUNNING)
 
     def walk(ctx):  # walking to the next waypoint takes 1-6 s: sleep until arrival
-        if ctx.status is Status.RUNNING:
-            return Status.SUCCESS
+        if ctx.status is RUNNING:
+            return SUCCESS
         ctx.sleep(1.0 + 5.0 * rng.random())
-        return Status.RUNNING
+        return RUNNING
 
     f.register_action("WalkToWaypoint", walk)
     return f
