@@ -57,7 +57,7 @@ class BannedWordMask:
 
     ``words``: banned words or phrases (case-insensitive). ``tokenizer``: the model's
     tokenizer. Always blocked too: control tokens other than ``eos`` and slot tokens, and tokens
-    holding ASCII control characters (newline, tab, ...): none has a place inside a line.
+    holding ASCII control characters (newline, tab, ...) or braces: none has a place inside a line.
     """
 
     def __init__(self, words: Iterable[str], tokenizer: Tokenizer) -> None:
@@ -89,8 +89,9 @@ class BannedWordMask:
                 # bytes >= 0x80 never spell [a-z]: latin-1 keeps one char per byte
                 raw = tokenizer.token_bytes(i)
                 self._texts.append(raw.decode("latin-1").lower())
-                # ASCII control characters (newlines included) have no place in a subtitle
-                self._always_blocked[i] = any(b < 0x20 or b == 0x7F for b in raw)
+                # ASCII control characters (newlines included) have no place in a subtitle, and
+                # braces only come as slot tokens (a spelled-out "{player}" would bypass slot rules)
+                self._always_blocked[i] = any(b < 0x20 or b == 0x7F for b in raw) or b"{" in raw or b"}" in raw
         self._memo: dict[tuple[WordState, bool], np.ndarray] = {}
         self._lock = threading.Lock()
 
@@ -119,7 +120,7 @@ class BannedWordMask:
         ``final``: the text ends the line, so a word still being spelled ends too.
         """
         partial, phrases = state.partial, state.phrases
-        for c in text:
+        for c in text.lower():
             if _is_letter(c) or (c == "'" and partial not in ("",)):
                 if partial != _DEAD:
                     partial += c

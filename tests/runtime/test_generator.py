@@ -1,0 +1,264 @@
+"""LineGenerator on a tiny random model: determinism, constraints, caching, fallbacks, async, streaming."""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from runtime import Line, LineGenerator, LineRequest, ModelLoadError
+from runtime.text_metrics import banned_hits
+
+
+@pytest.fixture(scope="module")
+def gen(tiny_model_dir):
+    return LineGenerator.load(tiny_model_dir)
+
+
+def fresh(tiny_model_dir, **options):
+    return LineGenerator.load(tiny_model_dir, **options)
+
+
+def test_load_warms_up_and_catalog_lists_what_the_model_understands(gen, tiny_model_dir):
+    cat = gen.catalog()
+    assert "guard" in cat["archetypes"] and "patrol" in cat["states"] and "approach" in cat["intents"]
+    assert "night" in cat["context"]["time_of_day"] and "player" in cat["slots"]
+    assert set(cat["persona_traits"]) >= {"gruff", "kind"}
+    assert gen.load_ms is not None and gen.load_ms > 0
+    assert fresh(tiny_model_dir).stats()["lines"] == 0
+
+
+def test_a_line_carries_its_timings_and_model_facts(gen):
+    line = gen.generate("guard", "patrol", seed=5, npc_id="t1")
+    assert isinstance(line, Line) and line.text
+    assert line.latency_ms > 0 and 0 < line.active_params_pct < 100
+    if not line.fallback:
+        assert line.tokens and line.ttft_ms is not None and line.ttft_ms <= line.latency_ms
+        assert 0 < line.router_confidence <= 1
+
+
+def test_the_same_seed_gives_the_same_line(tiny_model_dir):
+    a, b = fresh(tiny_model_dir), fresh(tiny_model_dir)
+    kw = dict(persona=["gruff"], intent="greet", context={"time_of_day": "night"}, temperature=1.0)
+    for seed in range(5):
+        la, lb = a.generate("guard", "alert", seed=seed, **kw), b.generate("guard", "alert", seed=seed, **kw)
+        assert (la.text, la.tokens) == (lb.text, lb.tokens)
+    texts = {a.generate("guard", "alert", seed=s, npc_id=s, **kw).text for s in range(10, 20)}
+    assert len(texts) > 5
+
+
+def test_banned_words_never_appear_across_many_seeds(tiny_model_dir):
+    # common words the random model emits often, so the mask has something to block
+    common = ["the", "and", "me", "be", "at", "an", "no", "my", "here", "not"]
+    plain = fresh(tiny_model_dir, max_resamples=0)
+    unmasked = [plain.generate("guard", "idle", seed=s, npc_id=s, temperature=1.2, top_p=1.0).raw_text
+                for s in range(60)]
+    assert sum(bool(banned_hits(t, common)) for t in unmasked) > 10  # the words do come up unmasked
+    gen = fresh(tiny_model_dir, max_resamples=0)
+    gen.mask = type(gen.mask)(gen.banned_words + common, gen.tokenizer)
+    for seed in range(60):
+        line = gen.generate("guard", "idle", seed=seed, npc_id=seed, temperature=1.2, top_p=1.0)
+        if not line.fallback:
+            assert banned_hits(line.raw_text, gen.banned_words + common) == [], line.raw_text
+
+
+def test_a_repeat_is_resampled(tiny_model_dir):
+    gen = fresh(tiny_model_dir)
+    first = gen.generate("merchant", "working", seed=11, npc_id="bob", player_id="p1")
+    again = gen.generate("merchant", "working", seed=11, npc_id="bob", player_id="p1")
+    other = gen.generate("merchant", "working", seed=11, npc_id="bob", player_id="p2")
+    assert not first.fallback
+    assert again.text != first.text and (again.attempts == 2 or again.fallback_reason == "repeat")
+    assert other.text == first.text  # another player has not heard it
+
+
+def test_a_zero_deadline_returns_a_fallback_at_once(gen):
+    line = gen.generate("guard", "alert", seed=1, deadline_ms=0)
+    assert line.fallback and line.fallback_reason == "deadline" and line.tokens == ()
+    assert line.text in gen.fallbacks.candidates("guard", "alert")
+
+
+def test_fallbacks_are_never_the_same_twice_in_a_row_for_one_npc(gen):
+    said = [gen.generate("guard", "combat", seed=s, deadline_ms=0, npc_id="g7").text for s in range(20)]
+    assert all(a != b for a, b in itertools.pairwise(said))
+
+
+class Broken:
+    """Wraps a FlashOnnx whose session fails mid-line."""
+
+    def __init__(self, model, fail_after: int = 3) -> None:
+        self._m, self.calls, self.fail_after = model, 0, fail_after
+
+    def __getattr__(self, name):
+        return getattr(self._m, name)
+
+    def step(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls > self.fail_after:
+            raise RuntimeError("onnxruntime exploded")
+        return self._m.step(*args, **kwargs)
+
+
+def test_a_model_error_returns_a_fallback_not_an_exception(tiny_model_dir):
+    gen = fresh(tiny_model_dir)
+    gen.model = Broken(gen.model)
+    line = gen.generate("priest", "idle", seed=2)
+    assert line.fallback and line.fallback_reason == "model_error"
+    assert gen.stats()["fallback_reasons"] == {"model_error": 1}
+
+
+def test_a_corrupt_or_missing_model_raises_at_load_naming_the_file(tiny_model_dir, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_model_dir, bad)
+    (bad / "model.int4.onnx").write_bytes(b"definitely not onnx")
+    with pytest.raises(ModelLoadError, match=r"bad/model\.int4\.onnx"):
+        LineGenerator.load(bad)
+    (bad / "model.int4.onnx").unlink()
+    with pytest.raises(ModelLoadError, match=r"model\.int4\.onnx: missing"):
+        LineGenerator.load(bad)
+
+
+def test_fallback_mode_serves_authored_lines_when_the_model_cannot_load(tiny_model_dir, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_model_dir, bad)
+    (bad / "model.int4.onnx").write_bytes(b"\x00" * 64)
+    gen = LineGenerator.load(bad, on_error="fallback")
+    line = gen.generate("guard", "patrol", seed=0)
+    assert line.fallback and line.fallback_reason == "model_unavailable"
+    with pytest.raises(ValueError, match="unknown archetype 'dragon'"):
+        gen.generate("dragon", "patrol")
+
+
+def test_bad_requests_raise_listing_the_known_values(gen):
+    with pytest.raises(ValueError, match=r"unknown archetype 'gaurd'; known: guard"):
+        gen.generate("gaurd", "patrol")
+    with pytest.raises(ValueError, match="unknown state 'sleeping'"):
+        gen.generate("guard", "sleeping")
+    with pytest.raises(ValueError, match="unknown intent 'dance'"):
+        gen.generate("guard", "patrol", intent="dance")
+    with pytest.raises(ValueError, match="unknown persona trait"):
+        gen.generate("guard", "patrol", persona=["grumpy"])
+    with pytest.raises(ValueError, match=r"unknown context key 'mood'.*time_of_day.*player"):
+        gen.generate("guard", "patrol", context={"mood": "sad"})
+    with pytest.raises(ValueError, match="value for context slot 'weather'"):
+        gen.generate("guard", "patrol", context={"weather": "acid"})
+    with pytest.raises(ValueError, match="temperature"):
+        gen.generate("guard", "patrol", temperature=-1)
+    with pytest.raises(ValueError, match="top_p"):
+        gen.generate("guard", "patrol", top_p=0)
+    with pytest.raises(ValueError, match="max_tokens"):
+        gen.generate("guard", "patrol", max_tokens=0)
+    with pytest.raises(ValueError, match="deadline_ms"):
+        gen.generate("guard", "patrol", deadline_ms=-5)
+
+
+def test_cached_prefix_logits_equal_a_cold_computation(tiny_model_dir):
+    gen = fresh(tiny_model_dir)
+    kw = dict(persona=["kind", "shy"], intent="ask_rumors", context={"weather": "fog", "recent_event": "fire"})
+    cold = gen.prefix_logits("innkeeper", "friendly", cached=False, **kw)
+    miss = gen.prefix_logits("innkeeper", "friendly", cached=True, **kw)
+    hit = gen.prefix_logits("innkeeper", "friendly", cached=True, **kw)
+    np.testing.assert_allclose(miss, cold, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(hit, cold, rtol=1e-5, atol=1e-5)
+    assert gen.prefix_cache.stats.hits_tokens == 5  # bos, archetype, 2 traits, state: counted in tokens
+    line_on = gen.generate("innkeeper", "friendly", seed=4, temperature=0, **kw)
+    off = fresh(tiny_model_dir, use_prefix_cache=False)
+    line_off = off.generate("innkeeper", "friendly", seed=4, temperature=0, **kw)
+    assert line_on.prefix_cache_hit and not line_off.prefix_cache_hit
+    assert line_on.tokens == line_off.tokens
+
+
+def test_the_disk_cache_makes_prefixes_warm_after_a_restart(tiny_model_dir, tmp_path):
+    first = fresh(tiny_model_dir, cache_dir=tmp_path / "kv")
+    assert not first.generate("sailor", "rest", seed=1).prefix_cache_hit
+    restarted = fresh(tiny_model_dir, cache_dir=tmp_path / "kv")
+    assert len(restarted.prefix_cache) == 1
+    assert restarted.generate("sailor", "rest", seed=1).prefix_cache_hit
+
+
+def test_stream_pieces_concatenate_to_the_generated_text(tiny_model_dir):
+    a, b = fresh(tiny_model_dir), fresh(tiny_model_dir)
+    for seed in range(6):
+        kw = dict(seed=seed, npc_id=seed, context={"player": "Aria"}, temperature=1.0)
+        stream = a.generate_stream("thief", "idle", **kw)
+        pieces = list(stream)
+        line = b.generate("thief", "idle", **kw)
+        assert "".join(pieces) == line.text == stream.line.text
+        if not line.fallback:
+            assert len(pieces) > 1
+
+
+def test_slots_are_filled_and_unfillable_slots_are_never_generated(tiny_model_dir):
+    gen = fresh(tiny_model_dir, max_resamples=0)
+    filled = 0
+    for seed in range(40):
+        named = gen.generate("guard", "alert", seed=seed, npc_id=seed, context={"player": "Aria"}, temperature=1.5,
+                             top_p=1.0)
+        if "{player}" in named.raw_text:
+            filled += 1
+            assert "Aria" in named.text and "{player}" not in named.text
+        unnamed = gen.generate("guard", "alert", seed=seed, npc_id=-seed - 1, temperature=1.5, top_p=1.0)
+        assert "{" not in unnamed.raw_text
+    assert filled > 0
+
+
+def test_concurrent_calls_from_threads_match_sequential_ones(tiny_model_dir):
+    gen = fresh(tiny_model_dir)
+    ref = fresh(tiny_model_dir)
+    seeds = list(range(24))
+    expected = [ref.generate("farmer", "working", seed=s, npc_id=s).text for s in seeds]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda s: gen.generate("farmer", "working", seed=s, npc_id=s).text, seeds))
+    assert got == expected
+    assert gen.stats()["lines"] == len(seeds)
+
+
+def test_batch_lines_come_back_in_order_and_match_single_greedy_calls(tiny_model_dir):
+    gen, ref = fresh(tiny_model_dir), fresh(tiny_model_dir)
+    reqs = [LineRequest("noble", "idle", seed=s, npc_id=s, temperature=0, max_tokens=12, min_tokens=s % 5)
+            for s in range(8)]
+    reqs.append(LineRequest("child", "flee", persona=["shy"], seed=99, npc_id=99, batch=False))
+    lines = gen.generate_batch(reqs)
+    assert len(lines) == 9
+    singles = [ref.generate(r.npc, r.state, persona=r.persona, seed=r.seed, npc_id=r.npc_id,
+                            temperature=r.temperature, max_tokens=r.max_tokens, min_tokens=r.min_tokens)
+               for r in reqs]
+    assert [x.tokens for x in lines] == [x.tokens for x in singles]
+
+
+def test_submit_resolves_futures_and_poll_reports_each_once(tiny_model_dir):
+    with fresh(tiny_model_dir) as gen:
+        futs = [gen.submit("blacksmith", "working", seed=s, npc_id=s) for s in range(4)]
+        lines = [f.result(timeout=30) for f in futs]
+        assert all(isinstance(x, Line) for x in lines)
+        polled = gen.poll()
+        assert {id(f) for f, _ in polled} == {id(f) for f in futs}
+        assert gen.poll() == []
+
+
+def test_poll_answers_a_request_whose_deadline_passed_while_the_worker_was_busy(tiny_model_dir):
+    gate = threading.Event()
+
+    class Slow(Broken):
+        def step(self, *args, **kwargs):
+            gate.wait(timeout=30)
+            return self._m.step(*args, **kwargs)
+
+    gen = fresh(tiny_model_dir)
+    gen.model = Slow(gen.model)
+    busy = gen.submit("guard", "patrol", seed=1)
+    late = gen.submit("guard", "alert", seed=2, deadline_ms=5)
+    end = time.perf_counter() + 30
+    answered: list = []
+    while not answered and time.perf_counter() < end:
+        answered = [line for f, line in gen.poll() if f is late]
+    gate.set()
+    assert answered and answered[0].fallback and answered[0].fallback_reason == "deadline"
+    assert late.result().fallback
+    assert isinstance(busy.result(timeout=30), Line)
+    gen.close()
