@@ -39,6 +39,7 @@ class Element:
     fn: Any = None  # builder: inline function (or node class) for a leaf
     kind: str | None = None  # builder: "action" or "condition" for an inline function
     ports: tuple[Any, ...] = ()  # builder: ports of an inline function
+    text: str = ""  # text content (only TreeNodesModel port descriptions have any)
 
     def describe(self) -> str:
         name = self.attrs.get("name")

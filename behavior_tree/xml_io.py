@@ -39,12 +39,18 @@ def parse_xml(text: str | bytes, source: str = "<string>") -> Element:
         stack.append(el)
 
     def end(tag: str) -> None:
-        stack.pop()
+        el = stack.pop()
+        if el.text:
+            el.text = el.text.strip() if not el.children else ""
 
     def chardata(data: str) -> None:
-        if data.strip():
-            where = stack[-1].tag if stack else "document"
-            fail(f"unexpected text {data.strip()[:40]!r} inside <{where}>")
+        if any(el.tag == "TreeNodesModel" for el in stack):  # Groot2 port descriptions
+            stack[-1].text += data
+            return
+        if not data.strip():
+            return
+        where = stack[-1].tag if stack else "document"
+        fail(f"unexpected text {data.strip()[:40]!r} inside <{where}>")
 
     def doctype(name: str, sysid: str | None, pubid: str | None, has_internal: int) -> None:
         fail("DOCTYPE declarations are not allowed (no entities, no external references)")
@@ -92,6 +98,8 @@ def element_to_xml(el: Element, indent: int = 0, step: str = "  ") -> list[str]:
     """Lines of XML for ``el`` and its children (attributes in their given order)."""
     pad = step * indent
     attrs = "".join(f' {k}="{_escape(_attr_text(v))}"' for k, v in el.attrs.items())
+    if el.text and not el.children:
+        return [f"{pad}<{el.tag}{attrs}>{_escape(el.text)}</{el.tag}>"]
     if not el.children:
         return [f"{pad}<{el.tag}{attrs}/>"]
     lines = [f"{pad}<{el.tag}{attrs}>"]

@@ -43,7 +43,7 @@ GROOT_STYLE = """<?xml version="1.0" encoding="UTF-8"?>
       <input_port name="target" type="std::string"/>
     </Action>
     <Action ID="MoveTo">
-      <input_port name="goal"/>
+      <input_port name="goal">where to walk &amp; stop</input_port>
     </Action>
   </TreeNodesModel>
 </root>
@@ -77,6 +77,7 @@ def test_round_trip_reloads_to_an_equal_definition_and_is_stable(guard_factory):
     assert d1 == d2
     assert d2.to_xml() == text
     assert 'BTCPP_format="4"' in text and "<TreeNodesModel>" in text
+    assert '<input_port name="goal">where to walk &amp; stop</input_port>' in text
 
 
 def test_writing_escapes_script_operators(guard_factory):
