@@ -57,6 +57,8 @@ class Tree:
       is ``asleep`` after the tick until a blackboard key read during that tick
       changes (needs ``track_reads``) or ``wake_deadline`` passes (see
       :meth:`is_due`). ``tick()`` still ticks a sleeping tree if called.
+      Conditions on time (``ctx.now()``) do not wake a tree: bound such sleeps
+      with ``ctx.sleep(seconds)`` or a timer node (Delay, Timeout, Cooldown, Sleep).
     """
 
     __slots__ = (
@@ -150,6 +152,7 @@ class Tree:
             self._extra = True
 
     def _after_tick(self, st: Status) -> None:
+        was_asleep = self.asleep
         self.asleep = False
         if self._sleepers is not None or self._reads is not None:
             self._settle_sleep(st)
@@ -157,6 +160,8 @@ class Tree:
         if self._trace is not None:
             self._trace.record(self)
         self._extra = self._reads is not None or self._trace is not None or self.asleep
+        if was_asleep and not self.asleep and self._on_wake is not None:
+            self._on_wake(self)  # ticked by hand while asleep: back on the scheduler's grid
 
     def _settle_sleep(self, st: Status) -> None:
         sleepers = self._sleepers

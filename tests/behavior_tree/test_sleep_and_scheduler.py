@@ -133,3 +133,24 @@ def test_removed_trees_are_not_ticked():
     sched.add(tree, phase=0.0)
     sched.remove(tree)
     assert sched.update(1.0) == 0 and tree.tick_count == 0
+
+
+def test_a_sleeping_tree_ticked_by_hand_returns_to_the_scheduler():
+    factory = Factory()
+    want_sleep = [True]
+
+    def idle(ctx):
+        if want_sleep[0]:
+            ctx.sleep()
+        return R
+
+    factory.register_action("Idle", idle)
+    tree = factory.create_tree(wrap("<Idle/>"))
+    sched = TreeScheduler(rate_hz=10)
+    sched.add(tree, phase=0.0)
+    sched.update(0.0)
+    assert sched.sleeping == 1 and sched.update(0.1) == 0
+    want_sleep[0] = False  # nothing on the blackboard changed: only a manual tick notices
+    tree.tick()
+    assert not tree.asleep and sched.sleeping == 0
+    assert sched.update(0.2) == 1
