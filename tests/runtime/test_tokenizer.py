@@ -277,3 +277,12 @@ def _pretokenize_by_hand(text: str) -> list[str]:
 @given(st.text(alphabet=st.sampled_from(list(" \t\n'sdtmlrevAbz09!?,é\u00a0\u3000x")), max_size=30))
 def test_documented_pretokenize_procedure_matches_the_pattern(text: str) -> None:
     assert _pretokenize_by_hand(text) == pretokenize(text)
+
+
+def test_every_book_condition_encodes_as_a_prompt(full: Tokenizer, book: LineBook) -> None:
+    for e in book.examples()[::211]:
+        ids, prefix_len = full.encode_prompt(e.archetype, e.persona, e.state, e.intent, e.context)
+        assert prefix_len == 3 + len(e.persona)
+        assert len(ids) == prefix_len + 1 + len(e.context) + 1
+        assert ids[-1] == full.line_id
+        assert all(full.is_control(i) for i in ids)
