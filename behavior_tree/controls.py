@@ -39,9 +39,7 @@ class Sequence(ControlNode):
 
     __slots__ = ("idx", "skipped")
 
-    def reset_state(self) -> None:
-        self.idx = 0
-        self.skipped = 0
+    initial_state = (("idx", 0), ("skipped", 0))
 
     def tick(self) -> Status:
         if self.idx or self.skipped:
@@ -115,9 +113,7 @@ class SequenceWithMemory(ControlNode):
 
     __slots__ = ("idx", "skipped")
 
-    def reset_state(self) -> None:
-        self.idx = 0
-        self.skipped = 0
+    initial_state = (("idx", 0), ("skipped", 0))
 
     def halt(self) -> None:
         halt_children(self.children)
@@ -164,8 +160,7 @@ class ReactiveSequence(ControlNode):
 
     __slots__ = ("running",)
 
-    def reset_state(self) -> None:
-        self.running: TreeNode | None = None
+    initial_state = (("running", None),)
 
     def tick(self) -> Status:
         # Every outcome ends with all children but the running one IDLE (BT.CPP halts or
@@ -214,9 +209,7 @@ class Fallback(ControlNode):
 
     __slots__ = ("idx", "skipped")
 
-    def reset_state(self) -> None:
-        self.idx = 0
-        self.skipped = 0
+    initial_state = (("idx", 0), ("skipped", 0))
 
     def tick(self) -> Status:
         children = self.children
@@ -262,8 +255,7 @@ class ReactiveFallback(ControlNode):
 
     __slots__ = ("running",)
 
-    def reset_state(self) -> None:
-        self.running: TreeNode | None = None
+    initial_state = (("running", None),)
 
     def tick(self) -> Status:
         # As in ReactiveSequence, completed children are set IDLE at once.
@@ -433,8 +425,7 @@ class IfThenElse(ControlNode):
     min_children = 2
     max_children = 3
 
-    def reset_state(self) -> None:
-        self.branch = 0
+    initial_state = (("branch", 0),)
 
     def tick(self) -> Status:
         children = self.children
@@ -539,8 +530,7 @@ class Switch(ControlNode):
     min_children = 2
     ports = (InputPort("variable", description="value compared with the cases"),)
 
-    def reset_state(self) -> None:
-        self.running = -1
+    initial_state = (("running", -1),)
 
     def tick(self) -> Status:
         children = self.children

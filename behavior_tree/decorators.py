@@ -97,8 +97,7 @@ class Repeat(DecoratorNode):
     ports = (InputPort("num_cycles", type=int, description="repetitions, -1 = forever"),)
     is_async = True
 
-    def reset_state(self) -> None:
-        self.count = 0
+    initial_state = (("count", 0),)
 
     def tick(self) -> Status:
         cycles = self.get_input("num_cycles")
@@ -135,8 +134,7 @@ class RetryUntilSuccessful(DecoratorNode):
     __slots__ = ("attempts",)
     ports = (InputPort("num_attempts", type=int, description="attempts, -1 = forever"),)
 
-    def reset_state(self) -> None:
-        self.attempts = 0
+    initial_state = (("attempts", 0),)
 
     def tick(self) -> Status:
         limit = self.get_input("num_attempts")
@@ -192,8 +190,7 @@ class Timeout(DecoratorNode):
     __slots__ = ("deadline",)
     ports = (InputPort("msec", type=float, description="time limit in milliseconds"),)
 
-    def reset_state(self) -> None:
-        self.deadline = -1.0
+    initial_state = (("deadline", -1.0),)
 
     def tick(self) -> Status:
         now = self.tree.clock()
@@ -226,8 +223,7 @@ class Delay(DecoratorNode):
     ports = (InputPort("delay_msec", type=float, description="delay in milliseconds"),)
     is_async = True
 
-    def reset_state(self) -> None:
-        self.start = -1.0
+    initial_state = (("start", -1.0),)
 
     def tick(self) -> Status:
         now = self.tree.clock()
@@ -260,9 +256,7 @@ class RunOnce(DecoratorNode):
         InputPort("then_skip", type=bool, default=True, description="skip after the first run"),
     )
 
-    def reset_state(self) -> None:
-        self.done = False
-        self.result = IDLE
+    initial_state = (("done", False), ("result", IDLE))
 
     def halt(self) -> None:  # halting does not undo "already ran"
         _reset_child(self)
@@ -299,8 +293,7 @@ class Cooldown(DecoratorNode):
     __slots__ = ("ready_at",)
     ports = (InputPort("msec", type=float, description="minimum time between runs, ms"),)
 
-    def reset_state(self) -> None:
-        self.ready_at = float("-inf")
+    initial_state = (("ready_at", float("-inf")),)
 
     def halt(self) -> None:  # an interrupted run does not start a cooldown
         _reset_child(self)

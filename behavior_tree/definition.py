@@ -212,17 +212,20 @@ class TreeDefinition:
             bbs.append(cbb)
         tree = Tree.__new__(Tree)
         nodes: list[Any] = [None] * len(self.specs)
-        for i, cls, spec, kids, single, bbi, setup in self._plan:
+        get = nodes.__getitem__
+        for i, cls, spec, kids, single, bbi, state, setup in self._plan:
             node = cls.__new__(cls)
             node.status = IDLE
             node.spec = spec
             node.tree = tree
             node.bb = bbs[bbi]
             if kids is not None:
-                ch = tuple([nodes[j] for j in kids])
+                ch = tuple(map(get, kids))
                 node.children = ch
                 if single:
                     node.child = ch[0]
+            for k, v in state:
+                setattr(node, k, v)
             if setup:
                 node.setup()
             nodes[i] = node
@@ -239,6 +242,7 @@ class TreeDefinition:
 
 
 def _needs_setup(cls: type[TreeNode]) -> bool:
+    """False when ``initial_state`` alone initialises the node (no Python call needed)."""
     from .node import ControlNode, DecoratorNode
 
     setup = cls.setup
@@ -247,6 +251,13 @@ def _needs_setup(cls: type[TreeNode]) -> bool:
     if setup is ControlNode.setup or setup is DecoratorNode.setup:
         return cls.reset_state not in (ControlNode.reset_state, DecoratorNode.reset_state)
     return True
+
+
+def _initial_state(spec: NodeSpec) -> tuple[tuple[str, Any], ...]:
+    state = spec.cls.initial_state
+    if spec.cls.uses_spec_fn:
+        state = (*state, ("fn", spec.fn))
+    return state
 
 
 def _make_plan(specs: tuple[NodeSpec, ...]) -> tuple[list[tuple[Any, ...]], list[tuple[int, Any]]]:
@@ -267,5 +278,5 @@ def _make_plan(specs: tuple[NodeSpec, ...]) -> tuple[list[tuple[Any, ...]], list
     for s in reversed(specs):
         kids = tuple(c.uid for c in s.children) if s.children else None
         plan.append((s.uid, s.cls, s, kids, s.kind != "control", bb_of[s.uid],
-                     _needs_setup(s.cls)))
+                     _initial_state(s), _needs_setup(s.cls)))
     return plan, bb_plan

@@ -46,9 +46,7 @@ class Sleep(ActionNode):
     __slots__ = ("until",)
     ports = (InputPort("msec", type=float, description="milliseconds"),)
     is_async = True
-
-    def setup(self) -> None:
-        self.until = -1.0
+    initial_state = (("until", -1.0),)
 
     def tick(self) -> Status:
         now = self.tree.clock()

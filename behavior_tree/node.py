@@ -65,7 +65,11 @@ class TreeNode:
     __slots__ = ("bb", "spec", "status", "tree")
 
     ports: ClassVar[tuple[Port, ...]] = ()
+    # (attribute, value) pairs every new instance starts with (immutable values only;
+    # anything else goes in setup()). Controls/decorators also restore them on halt.
+    initial_state: ClassVar[tuple[tuple[str, Any], ...]] = ()
     kind: ClassVar[str] = "action"
+    uses_spec_fn: ClassVar[bool] = False
     is_async: ClassVar[bool] = False
     min_children: ClassVar[int] = 0
     max_children: ClassVar[int | None] = 0
@@ -76,7 +80,8 @@ class TreeNode:
     bb: Blackboard
 
     def setup(self) -> None:
-        """Called once when the node is instantiated (after status/spec/tree/bb are set)."""
+        """Called once when the node is instantiated (after status/spec/tree/bb and
+        ``initial_state`` are set)."""
 
     def tick(self) -> Status:
         raise NotImplementedError
@@ -215,9 +220,7 @@ class FunctionAction(ActionNode):
     """
 
     __slots__ = ("fn",)
-
-    def setup(self) -> None:
-        self.fn = self.spec.fn
+    uses_spec_fn: ClassVar[bool] = True  # instantiation copies spec.fn into the ``fn`` slot
 
     def tick(self) -> Status:
         try:
@@ -241,9 +244,7 @@ class FunctionCondition(ConditionNode):
     """A condition from a plain function ``fn(ctx) -> bool | Status`` (SUCCESS/FAILURE)."""
 
     __slots__ = ("fn",)
-
-    def setup(self) -> None:
-        self.fn = self.spec.fn
+    uses_spec_fn: ClassVar[bool] = True
 
     def tick(self) -> Status:
         try:
@@ -340,9 +341,7 @@ class AsyncAction(ActionNode):
 
     __slots__ = ("task",)
     is_async = True
-
-    def setup(self) -> None:
-        self.task: asyncio.Task[Any] | None = None
+    initial_state = (("task", None),)
 
     def tick(self) -> Status:
         task = self.task
@@ -398,7 +397,10 @@ class ControlNode(TreeNode):
         self.status = IDLE
 
     def reset_state(self) -> None:
-        """Forget progress (called on halt and at instantiation)."""
+        """Forget progress (called on halt): restores ``initial_state`` by default.
+        Override it (state that is not immutable) and it also runs at instantiation."""
+        for k, v in self.initial_state:
+            setattr(self, k, v)
 
     def setup(self) -> None:
         self.reset_state()
@@ -424,7 +426,10 @@ class DecoratorNode(TreeNode):
         self.status = IDLE
 
     def reset_state(self) -> None:
-        """Forget progress (called on halt and at instantiation)."""
+        """Forget progress (called on halt): restores ``initial_state`` by default.
+        Override it (state that is not immutable) and it also runs at instantiation."""
+        for k, v in self.initial_state:
+            setattr(self, k, v)
 
     def setup(self) -> None:
         self.reset_state()

@@ -23,6 +23,7 @@ import random
 import statistics
 import sys
 import time
+import tracemalloc
 from collections.abc import Callable
 
 from behavior_tree import RUNNING, SUCCESS, Factory, Status, TreeScheduler
@@ -206,7 +207,14 @@ def main(argv: list[str] | None = None) -> int:
         trees = [definition.instantiate() for _ in range(2000)]
         inst.append((time.perf_counter() - t0) / 2000 * 1e6)
         del trees
-    print(f"{len(definition)} nodes: {statistics.median(inst):.1f} us per NPC (median)")
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    trees = [definition.instantiate() for _ in range(1000)]
+    per_npc = (tracemalloc.get_traced_memory()[0] - before) / 1000
+    tracemalloc.stop()
+    del trees
+    print(f"{len(definition)} nodes: {statistics.median(inst):.1f} us per NPC (median), "
+          f"{per_npc / 1024:.1f} KiB per NPC (tracemalloc)")
 
     print(f"\n## {args.npcs} NPC trees at 10 Hz (scheduler, simulated game time, 30 fps)")
     seconds = 5.0 if args.quick else 10.0
