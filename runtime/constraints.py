@@ -94,6 +94,34 @@ class BannedWordMask:
                 self._always_blocked[i] = any(b < 0x20 or b == 0x7F for b in raw) or b"{" in raw or b"}" in raw
         self._memo: dict[tuple[WordState, bool], np.ndarray] = {}
         self._lock = threading.Lock()
+        self._index_leads()
+
+    def _index_leads(self) -> None:
+        """Split every token into its *lead* (the letters that extend the word being spelled) and
+        the *rest*, and tabulate whether the rest alone, read from a word boundary, completes a
+        banned word. Variant 0 is for a token read at a boundary, 1 inside a word (where a
+        leading apostrophe continues the word)."""
+        self._groups: list[dict[str, list[int]]] = [{}, {}]
+        self._rest_empty = [np.zeros(self.vocab_size, dtype=bool) for _ in range(2)]
+        self._rest_bad = [[np.zeros(self.vocab_size, dtype=bool) for _ in range(2)] for _ in range(2)]
+        root = WordState()
+        rest_memo: dict[tuple[str, bool], bool] = {}
+        for i, text in enumerate(self._texts):
+            if self._always_blocked[i] or i == self.eos_id or not text:
+                continue
+            for v in (0, 1):
+                n = 0
+                while n < len(text) and (_is_letter(text[n]) or (text[n] == "'" and (v or n))):
+                    n += 1
+                lead, rest = text[:n], text[n:]
+                self._groups[v].setdefault(lead.rstrip("'"), []).append(i)
+                self._rest_empty[v][i] = not rest
+                for last in (False, True):
+                    if rest:
+                        key = (rest, last)
+                        if key not in rest_memo:
+                            rest_memo[key] = self.advance(root, rest, final=last) is None
+                        self._rest_bad[v][last][i] = rest_memo[key]
 
     # ------------------------------------------------------------ state machine
 
@@ -153,6 +181,48 @@ class BannedWordMask:
         mask = self._memo.get(key)
         if mask is not None:
             return mask
+        mask = self._compute(state, last)
+        mask.flags.writeable = False
+        with self._lock:
+            if len(self._memo) > 4096:  # pathological texts only; states are normally few
+                self._memo.clear()
+            self._memo[key] = mask
+        return mask
+
+    def _compute(self, state: WordState, last: bool) -> np.ndarray:
+        """The mask for a state, reading only the tokens whose lead may matter.
+
+        A token whose lead turns the word being spelled into something that is no banned word's
+        prefix ends that word harmlessly, so only its rest matters, which is tabulated; the few
+        tokens whose lead keeps a banned prefix alive are read out in full with :meth:`advance`.
+        """
+        p = state.partial
+        v = 1 if p else 0
+        mask = self._always_blocked | self._rest_bad[v][last]
+        mask[self.eos_id] = self.advance(state, "", final=True) is None
+        exact: list[int] = []
+        if p != _DEAD:
+            groups = self._groups[v]
+            for pre in self._prefixes:
+                if pre.startswith(p) and len(pre) > len(p):
+                    exact += groups.get(pre[len(p):], ())
+            boundary = groups.get("", ())
+            if p:
+                # the word p ends at these tokens' first character
+                banned, phrases = self._word_done(p, state.phrases)
+                if banned:
+                    idx = np.asarray(boundary, dtype=np.int64)
+                    mask[idx] = ~self._rest_empty[v][idx] | last
+                elif phrases:
+                    exact += boundary
+            elif state.phrases:
+                exact += boundary
+        for i in exact:
+            mask[i] = self.advance(state, self._texts[i], final=last) is None
+        return mask
+
+    def blocked_exact(self, state: WordState, *, last: bool = False) -> np.ndarray:
+        """:meth:`blocked` computed token by token with :meth:`advance` (the reference; slow)."""
         mask = self._always_blocked.copy()
         for i, text in enumerate(self._texts):
             if mask[i]:
@@ -161,11 +231,6 @@ class BannedWordMask:
                 mask[i] = self.advance(state, "", final=True) is None
             elif text:
                 mask[i] = self.advance(state, text, final=last) is None
-        mask.flags.writeable = False
-        with self._lock:
-            if len(self._memo) > 4096:  # pathological texts only; states are normally few
-                self._memo.clear()
-            self._memo[key] = mask
         return mask
 
     def step(self, state: WordState, token_id: int) -> WordState:

@@ -336,6 +336,10 @@ class LineGenerator:
                           top_p=top_p, deadline_ms=deadline_ms, **more)
         return self._serve(self._prepare(req, t0))
 
+    def generate_request(self, request: LineRequest) -> Line:
+        """:meth:`generate` for a :class:`LineRequest`."""
+        return self._serve(self._prepare(request, time.perf_counter()))
+
     def generate_stream(self, npc: str, state: str, **kwargs: Any) -> LineStream:
         """Like :meth:`generate`, but an iterator of text pieces as tokens decode.
 

@@ -157,3 +157,14 @@ def test_constraints_come_from_the_line_book_or_a_constraints_file(tmp_path):
     (tmp_path / "constraints.json").write_text("{}")
     with pytest.raises(ValueError, match=r"constraints\.json: not a constraints file"):
         read_constraints(tmp_path)
+
+
+def test_the_fast_mask_equals_the_token_by_token_reference(mask, tok):
+    texts = ["", "the c", "the ca", "the car", "a gun", "the gu", "o", "ok", "the train", "the train, sta",
+             "xyz", "the car'", "a trains", "the train by"]
+    for text in texts:
+        state = mask.advance(WordState(), text)
+        assert state is not None, text
+        for last in (False, True):
+            fast, ref = mask.blocked(state, last=last), mask.blocked_exact(state, last=last)
+            assert np.array_equal(fast, ref), (text, last, np.flatnonzero(fast != ref)[:10])

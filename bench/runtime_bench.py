@@ -1,0 +1,266 @@
+"""The local line engine, peers side by side in one run, on one intra-op thread.
+
+    python bench/runtime_bench.py [--model DIR] [--checkpoint DIR] [--reps 5] [--lines 60] [--tokens 24]
+
+Every line decodes exactly ``--tokens`` new tokens (``min_tokens = max_tokens``) for a request
+drawn from a seeded village (24 NPCs with fixed archetype and persona; random state, intent and
+context), the same requests for every peer. Peers run round-robin, one block of ``--lines``
+lines each per repetition, so the machine's noise hits them alike; figures are the median over
+``--reps`` repetitions of each block's p50 / p99.
+
+Peers (all LineGenerator, same weights):
+  int4 sparse      the shipped graph (model.int4.onnx, QMoE: only the routed expert runs), cache on
+  fp32             model.onnx (fp32, sparse gather), cache on
+  int4 dense       every expert computed for every token, then gated (built from --checkpoint)
+  int4 no-cache    the shipped graph with the prefix KV cache off
+
+Also: batch of 16 lines through ``generate_batch`` vs 16 ``generate`` calls; load plus warm-up
+and resident memory in a fresh process; whether onnxruntime IO binding pays for the KV loop;
+the share of prefill tokens the prefix cache saves over the village's requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from runtime.generator import LineGenerator, LineRequest
+from runtime.onnx_model import DEFAULT_MODEL_DIR, FlashOnnx
+
+
+@dataclass
+class Peer:
+    name: str
+    gen: LineGenerator
+    p50: list[float] = field(default_factory=list)
+    p99: list[float] = field(default_factory=list)
+    ttft: list[float] = field(default_factory=list)
+    fallbacks: int = 0
+
+
+def village(gen: LineGenerator, n_npcs: int = 24, seed: int = 0) -> list[dict]:
+    """NPCs with a fixed archetype and persona (0-2 traits)."""
+    cat = gen.catalog()
+    rng = np.random.default_rng(seed)
+    npcs = []
+    for i in range(n_npcs):
+        k = int(rng.integers(0, 3))
+        persona = sorted(rng.choice(cat["persona_traits"], size=k, replace=False).tolist())
+        npcs.append({"npc": cat["archetypes"][i % len(cat["archetypes"])], "persona": persona, "npc_id": i})
+    return npcs
+
+
+def requests(gen: LineGenerator, npcs: list[dict], n: int, tokens: int, seed: int) -> list[LineRequest]:
+    cat = gen.catalog()
+    rng = np.random.default_rng(seed)
+    out = []
+    for j in range(n):
+        npc = npcs[int(rng.integers(len(npcs)))]
+        slots = list(cat["context"])
+        ctx = {s: str(rng.choice(cat["context"][s])) for s in rng.choice(slots, size=int(rng.integers(0, 3)),
+                                                                        replace=False)}
+        out.append(LineRequest(npc["npc"], str(rng.choice(cat["states"])), persona=npc["persona"],
+                               intent=str(rng.choice(cat["intents"])), context=ctx, seed=seed * 100_000 + j,
+                               max_tokens=tokens, min_tokens=tokens, npc_id=(npc["npc_id"], seed, j)))
+    return out
+
+
+def run_block(peer: Peer, reqs: list[LineRequest]) -> None:
+    lat, ttft = [], []
+    for r in reqs:
+        line = peer.gen.generate_request(r)
+        lat.append(line.latency_ms)
+        if line.ttft_ms is not None:
+            ttft.append(line.ttft_ms)
+        peer.fallbacks += line.fallback
+    peer.p50.append(float(np.percentile(lat, 50)))
+    peer.p99.append(float(np.percentile(lat, 99)))
+    peer.ttft.append(float(np.percentile(ttft, 50)) if ttft else float("nan"))
+
+
+def dense_model_dir(model_dir: Path, checkpoint: Path | None, tmp: Path) -> Path | None:
+    """A copy of the model directory whose model.int4.onnx is the dense-all-experts INT4 graph."""
+    from runtime.export import ExportOptions, build_onnx, load_checkpoint, save_model
+
+    ckpt = checkpoint or next((p for p in (model_dir, model_dir.parent / "ckpt", model_dir.parent)
+                               if (p / "model.pt").is_file()), None)
+    if ckpt is None:
+        return None
+    sd, cfg = load_checkpoint(ckpt)
+    out = tmp / "dense"
+    out.mkdir()
+    for f in model_dir.iterdir():
+        if f.suffix == ".json":
+            shutil.copyfile(f, out / f.name)
+    info = json.loads((model_dir / "export.json").read_text()) if (model_dir / "export.json").is_file() else {}
+    level = int(info.get("int4", {}).get("accuracy_level", 4))
+    embedding = info.get("int4", {}).get("embedding", "fp16")
+    save_model(build_onnx(sd, cfg, ExportOptions("int4", "dense", level, embedding)), out / "model.int4.onnx")
+    return out
+
+
+def fresh_process_figures(model_dir: Path, lines: int, tokens: int) -> dict:
+    """Import + load + warm-up time, and resident memory after ``lines`` lines, in a new process."""
+    code = f"""
+import json, time
+t0 = time.perf_counter()
+from runtime import LineGenerator
+gen = LineGenerator.load({str(model_dir)!r})
+t1 = time.perf_counter()
+first = gen.generate("guard", "patrol", seed=1, max_tokens={tokens}, min_tokens={tokens}).latency_ms
+for i in range({lines}):
+    gen.generate("guard", "patrol", seed=i, npc_id=i, max_tokens={tokens}, min_tokens={tokens})
+status = dict(l.split(":", 1) for l in open("/proc/self/status") if l.startswith(("VmRSS", "VmHWM")))
+print(json.dumps({{"import_load_ms": (t1 - t0) * 1e3, "load_ms": gen.load_ms, "first_line_ms": first,
+                   "rss_mb": int(status["VmRSS"].split()[0]) / 1024, "hwm_mb": int(status["VmHWM"].split()[0]) / 1024}}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def io_binding_vs_plain(model: FlashOnnx, prompt: list[int], tokens: int, reps: int) -> tuple[float, float]:
+    """Median ms for greedy decoding of ``tokens`` with FlashOnnx.step vs an IO-bound session loop
+    that keeps the KV tensors as OrtValues between steps (no numpy round trip)."""
+    import onnxruntime as ort
+
+    s = model.session
+    names = [o.name for o in s.get_outputs()]
+    present = [f"present_{k}_{i}" for i in range(model.n_layer) for k in ("key", "value")]
+    past_names = [f"past_{k}_{i}" for i in range(model.n_layer) for k in ("key", "value")]
+    ones = np.ones((1, model.block_size), np.int64)
+
+    def plain() -> float:
+        t = time.perf_counter()
+        logits, past, _ = model.step(np.asarray([prompt]), None)
+        for _ in range(tokens):
+            logits, past, _ = model.step(logits[:, -1:].argmax(-1), past)
+        return (time.perf_counter() - t) * 1e3
+
+    def bound() -> float:
+        t = time.perf_counter()
+        logits, past, _ = model.step(np.asarray([prompt]), None)
+        kv = [ort.OrtValue.ortvalue_from_numpy(a) for a in past]
+        p = len(prompt)
+        for _ in range(tokens):
+            b = s.io_binding()
+            b.bind_cpu_input("input_ids", logits[:, -1:].argmax(-1).astype(np.int64))
+            b.bind_cpu_input("position_ids", np.asarray([[p]], np.int64))
+            b.bind_cpu_input("attention_mask", ones[:, : p + 1])
+            for n, v in zip(past_names, kv):
+                b.bind_ortvalue_input(n, v)
+            for n in names:
+                b.bind_output(n, "cpu")
+            s.run_with_iobinding(b)
+            out = dict(zip(names, b.get_outputs()))
+            kv = [out[n] for n in present]
+            logits = out["logits"].numpy()
+            p += 1
+        return (time.perf_counter() - t) * 1e3
+
+    a, b = [], []
+    for _ in range(reps * 10):
+        a.append(plain())
+        b.append(bound())
+    return statistics.median(a), statistics.median(b)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR, help="exported model directory")
+    ap.add_argument("--checkpoint", type=Path, default=None, help="checkpoint dir (model.pt) for the dense peer")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--lines", type=int, default=60, help="lines per peer per repetition")
+    ap.add_argument("--tokens", type=int, default=24)
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = ap.parse_args(argv)
+
+    tmp = Path(tempfile.mkdtemp(prefix="flashnpc-bench-"))
+    try:
+        base = LineGenerator.load(args.model)
+        peers = [Peer("int4 sparse", base), Peer("fp32", LineGenerator.load(args.model, file="model.onnx"))]
+        dense_dir = dense_model_dir(args.model, args.checkpoint, tmp)
+        if dense_dir is not None:
+            peers.append(Peer("int4 dense", LineGenerator.load(dense_dir)))
+        else:
+            print("(no checkpoint found: the dense-all-experts peer is skipped; pass --checkpoint)")
+        peers.append(Peer("int4 no-cache", LineGenerator.load(args.model, use_prefix_cache=False)))
+
+        npcs = village(base)
+        states = base.catalog()["states"]
+        warm = [LineRequest(n["npc"], s, persona=n["persona"]) for n in npcs for s in states]
+        for p in peers:
+            p.gen.warm_prefixes(warm)  # the game's prefixes are warm (L2 preload or warm_prefixes)
+
+        batch_single, batch_batched = [], []
+        for rep in range(args.reps):
+            reqs = requests(base, npcs, args.lines, args.tokens, seed=rep + 1)
+            for p in peers:
+                run_block(p, reqs)
+            group = [LineRequest(npcs[i % len(npcs)]["npc"], states[i % len(states)], persona=["kind"],
+                                 intent="greet", seed=1000 * rep + i, max_tokens=args.tokens,
+                                 min_tokens=args.tokens, npc_id=("batch", rep, i)) for i in range(16)]
+            t = time.perf_counter()
+            for r in group:
+                base.generate_request(replace(r, npc_id=("single", *r.npc_id)))
+            batch_single.append((time.perf_counter() - t) * 1e3)
+            t = time.perf_counter()
+            base.generate_batch(group)
+            batch_batched.append((time.perf_counter() - t) * 1e3)
+
+        # share of prefill tokens served from the prefix cache over a fresh block of requests
+        probe = LineGenerator.load(args.model)
+        probe.warm_prefixes(warm)
+        prompt_tokens = hit_tokens = 0
+        for r in requests(probe, npcs, 200, 1, seed=999):
+            ids, plen = probe.tokenizer.encode_prompt(r.npc, r.persona, r.state, r.intent, r.context or {})
+            prompt_tokens += len(ids)
+            hit_tokens += plen if probe.prefix_cache.get(ids[:plen], r.domain) is not None else 0
+
+        fresh = fresh_process_figures(args.model, 50, args.tokens)
+        cat = base.catalog()
+        prompt, _ = base.tokenizer.encode_prompt(cat["archetypes"][0], [], cat["states"][0], cat["intents"][0])
+        plain_ms, bound_ms = io_binding_vs_plain(base.model, prompt, args.tokens, args.reps)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    med = statistics.median
+    ref = peers[0]
+    print(f"\nmodel: {args.model}  ({args.tokens} new tokens per line, 1 intra-op thread, "
+          f"{args.reps} reps x {args.lines} lines per peer)")
+    print(f"{'peer':<16}{'p50 ms':>9}{'p99 ms':>9}{'TTFT p50':>10}{'p50 vs int4':>13}{'fallbacks':>11}")
+    for p in peers:
+        print(f"{p.name:<16}{med(p.p50):>9.2f}{med(p.p99):>9.2f}{med(p.ttft):>10.2f}"
+              f"{med(p.p50) / med(ref.p50):>12.2f}x{p.fallbacks:>11}")
+    nocache = next(p for p in peers if p.name == "int4 no-cache")
+    share = hit_tokens / prompt_tokens
+    print(f"\nprefix cache: TTFT p50 {med(ref.ttft):.2f} ms on a hit vs {med(nocache.ttft):.2f} ms without "
+          f"({med(nocache.ttft) / med(ref.ttft):.2f}x); prefill tokens served from the cache: {share:.0%}")
+    one, many = med(batch_single), med(batch_batched)
+    print(f"batch of 16: {many:.1f} ms vs 16 single calls {one:.1f} ms "
+          f"({many / 16:.2f} vs {one / 16:.2f} ms per line, {one / many:.2f}x)")
+    print(f"io binding: {bound_ms:.2f} ms vs plain {plain_ms:.2f} ms for {args.tokens} greedy steps "
+          f"({plain_ms / bound_ms:.2f}x)")
+    print(f"fresh process: import+load+warm-up {fresh['import_load_ms']:.0f} ms (load() itself "
+          f"{fresh['load_ms']:.0f} ms), first line {fresh['first_line_ms']:.1f} ms, "
+          f"RSS {fresh['rss_mb']:.0f} MB (peak {fresh['hwm_mb']:.0f} MB)")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "peers": {p.name: {"p50_ms": med(p.p50), "p99_ms": med(p.p99), "ttft_p50_ms": med(p.ttft),
+                               "fallbacks": p.fallbacks} for p in peers},
+            "prefix_share": share, "batch16_ms": many, "single16_ms": one,
+            "iobinding_ms": bound_ms, "plain_ms": plain_ms, **fresh}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
