@@ -535,7 +535,7 @@ class LineBook:
             self._check_slots(self._codas[name], self._state_slots[name])
         # context fragments
         self._ctx_frags: dict[tuple[str, str], dict[str, list[_Source]]] = {}
-        for slot, values in self.context.items():
+        for slot in self.context:
             rd, node, f = self._context_nodes[slot]
             for vname, _vkey, vnode in rd.mapping(node, f):
                 vf = f"{f}.{vname}"
@@ -548,8 +548,7 @@ class LineBook:
                             knode, f"{vf}.{k}", "unknown field; known: description, calm, urgent"
                         )
                 self._ctx_frags[(slot, vname)] = self._tone_lists(rd, vnode, vf, set())
-            assert list(values)
-        # archetypes: voice groups, persona defaults, slots
+        # archetypes: slots, voice groups, tags
         self._voice: dict[str, dict[str, list[_Source]]] = {}
         self._voice_where: dict[str, _Where] = {}
         self._tags: dict[str, dict[str, list[_Source]]] = {}
@@ -580,6 +579,9 @@ class LineBook:
                 self._check_slots(voice[group], slots)
             self._voice[name] = voice
             if "tags" in fields:
+                for k, knode, _v in rd.mapping(fields["tags"][1], f"{f}.tags"):
+                    if k not in TONES:
+                        raise rd.fail(knode, f"{f}.tags.{k}", "unknown field; known: calm, urgent")
                 self._tags[name] = self._tone_lists(rd, fields["tags"][1], f"{f}.tags", slots)
             else:
                 self._tags[name] = {t: [] for t in TONES}
