@@ -98,3 +98,14 @@ def test_trees_share_a_blackboard_when_given_one():
     a.tick()
     b.tick()
     assert bb.get("n") == 2
+
+
+def test_instantiate_many_builds_independent_trees_and_restores_the_gc():
+    import gc
+
+    d = Factory().load(wrap('<Script code="n := 1"/>'))
+    bbs = [Blackboard() for _ in range(3)]
+    trees = d.instantiate_many(3, bbs)
+    assert [t.blackboard for t in trees] == bbs and gc.isenabled()
+    trees[0].tick()
+    assert "n" in bbs[0] and "n" not in bbs[1]
