@@ -388,7 +388,7 @@ class Factory:
         if el.tag == "SubTree":
             return self._subtree_spec(el, ctx)
         err = _error_at(el)
-        if el.tag in _V3_WRAPPERS:
+        if el.tag in _V3_WRAPPERS and el.fn is None:
             reg_id = el.attrs.get("ID")
             if not reg_id:
                 raise err(NodeConfigError, f"<{el.tag}> needs an ID attribute")

@@ -57,3 +57,10 @@ def test_switch_builder():
     tree = d.instantiate()
     tree.blackboard.set("mode", "b")
     assert tree.tick() is Status.SUCCESS
+
+
+def test_anonymous_lambdas_are_named_after_their_kind():
+    d = b.define(b.sequence(b.condition(lambda ctx: True), b.action(lambda ctx: True)))
+    tree = d.instantiate()
+    assert [n.name for n in tree.nodes()] == ["Sequence", "Condition", "Action"]
+    assert tree.tick() is Status.SUCCESS
