@@ -82,7 +82,8 @@ class Line:
     ``finish_reason``: ``eos``, ``length``, ``stop``, ``deadline``, ``error``, ``fallback``;
     ``active_params_pct``: share of the model's parameters a decoded token touches;
     ``router_confidence``: mean top-1 router probability over the decoded tokens' MoE layers;
-    ``seed``: the seed used (pass it back to reproduce the line); ``attempts``: samples drawn.
+    ``seed``: the seed used (pass it back to reproduce the line); ``attempts``: samples drawn;
+    ``mean_logprob``: mean log-probability the model gave its sampled tokens (None if none).
     """
 
     text: str
@@ -98,6 +99,7 @@ class Line:
     raw_text: str = ""
     seed: int | None = None
     attempts: int = 1
+    mean_logprob: float | None = None
 
 
 @dataclass(frozen=True)
@@ -162,6 +164,7 @@ class _Row:
     tokens: list[int] = field(default_factory=list)
     state: WordState = field(default_factory=WordState)
     router: list[float] = field(default_factory=list)
+    logprob: float = 0.0
     ttft: float | None = None
     finish: str | None = None
     cut: int = -1  # character index of a stop string in the decoded text
@@ -204,7 +207,8 @@ class LineGenerator:
                  prefix_cache: PrefixCache | None = None, use_prefix_cache: bool = True,
                  name: str = "flash", temperature: float = 0.8, top_p: float = 0.95, top_k: int = 0,
                  repeat_window: int = 8, max_resamples: int = 2, workers: int = 1,
-                 slot_defaults: Mapping[str, str] | None = None) -> None:
+                 slot_defaults: Mapping[str, str] | None = None, min_mean_logprob: float | None = -5.0
+                 ) -> None:
         check_sampling(temperature, top_k, top_p, 1)
         if max_resamples < 0 or workers < 1:
             raise ValueError(f"max_resamples must be >= 0 and workers >= 1, got {max_resamples}, {workers}")
@@ -216,6 +220,8 @@ class LineGenerator:
         self.banned_words = list(banned_words)
         self.temperature, self.top_p, self.top_k = float(temperature), float(top_p), int(top_k)
         self.max_resamples = max_resamples
+        self.min_mean_logprob = min_mean_logprob
+        self._step_s = 0.0  # running estimate of one decode step, for deadline decisions
         self.workers = workers
         self.slot_defaults = dict(slot_defaults or {})
         self.use_prefix_cache = use_prefix_cache
@@ -573,6 +579,8 @@ class LineGenerator:
                 yield line
                 return
             reason = why or reason
+            if why != "repeat":  # only a repeat is worth another sample
+                break
             with self._stats_lock:
                 self._counts["resamples"] += 1
         yield from self._yield_fallback(prep, reason, row, stream)
@@ -593,16 +601,20 @@ class LineGenerator:
         was already streamed, so it is kept whatever it is."""
         prep = row.prep
         raw = self._row_raw(row).replace("\ufffd", "").strip()
+        mean_lp = row.logprob / len(row.tokens) if row.tokens else None
         if not shown:
             if usable(raw) is not None:
                 return None, "unusable"
+            if self.min_mean_logprob is not None and mean_lp is not None and mean_lp < self.min_mean_logprob:
+                return None, "unusable"  # the model was guessing: gibberish, not a line
             if self.memory.said_recently(prep.memory_key, raw):
                 return None, "repeat"
         self.memory.remember(prep.memory_key, raw)
         conf = float(np.mean(row.router)) if row.router else None
         line = Line(fill_slots(raw, prep.slot_values), tuple(row.tokens), self._ms(prep.t0),
                     None if row.ttft is None else (row.ttft - prep.t0) * 1e3, row.hit, False,
-                    self.active_params_pct, conf, None, row.finish or "length", raw, prep.seed, attempts)
+                    self.active_params_pct, conf, None, row.finish or "length", raw, prep.seed, attempts,
+                    mean_lp)
         self._record(line)
         return line, None
 
@@ -706,8 +718,10 @@ class LineGenerator:
                 r.finish = "length"
         live = list(range(len(rows)))
         last = logits[:, -1, :]
+        t_step = time.perf_counter()
         while True:
-            now = time.perf_counter()
+            # a row whose deadline would pass during the next step stops now, so its fallback is on time
+            now = time.perf_counter() + self._step_s
             stop_all = cancelled is not None and cancelled()
             nxt = np.full(len(live), eos, dtype=np.int64)
             for pos, b in enumerate(live):
@@ -743,6 +757,9 @@ class LineGenerator:
                 past, nxt = [p[idx] for p in past], nxt[idx]
                 live = [live[pos] for pos in keep]
             logits, past, router = self.model.step(nxt[:, None], past)
+            t_now = time.perf_counter()
+            self._step_s = 0.9 * self._step_s + 0.1 * (t_now - t_step) if self._step_s else t_now - t_step
+            t_step = t_now
             for pos, b in enumerate(live):
                 rows[b].router.append(_confidence(router, pos))
             last = logits[:, -1, :]
@@ -759,6 +776,8 @@ class LineGenerator:
         if not np.isfinite(row).any():
             return None
         tok = sample_next(row, r.rng, temperature=r.prep.temperature, top_k=r.prep.top_k, top_p=r.prep.top_p)
+        top = float(logits.max())
+        r.logprob += float(logits[tok]) - top - float(np.log(np.exp(logits - top).sum()))
         if r.ttft is None:
             r.ttft = time.perf_counter()
         return tok

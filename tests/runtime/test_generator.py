@@ -17,10 +17,12 @@ from runtime.text_metrics import banned_hits
 
 @pytest.fixture(scope="module")
 def gen(tiny_model_dir):
-    return LineGenerator.load(tiny_model_dir)
+    return fresh(tiny_model_dir)
 
 
 def fresh(tiny_model_dir, **options):
+    """A generator on the tiny random model; its gibberish is accepted unless a test asks otherwise."""
+    options.setdefault("min_mean_logprob", None)
     return LineGenerator.load(tiny_model_dir, **options)
 
 
@@ -77,6 +79,17 @@ def test_a_repeat_is_resampled(tiny_model_dir):
     assert other.text == first.text  # another player has not heard it
 
 
+def test_gibberish_from_a_guessing_model_is_unusable_and_falls_back_without_resampling(tiny_model_dir):
+    gen = LineGenerator.load(tiny_model_dir)  # default min_mean_logprob: -5 nats per token
+    accepting = fresh(tiny_model_dir)
+    for seed in range(5):
+        line = gen.generate("guard", "patrol", seed=seed, npc_id=seed)
+        raw = accepting.generate("guard", "patrol", seed=seed, npc_id=seed)
+        assert raw.mean_logprob < -5 and not raw.fallback
+        assert line.fallback and line.fallback_reason == "unusable" and line.attempts == 1
+        assert line.text in gen.fallbacks.candidates("guard", "patrol")
+
+
 def test_a_zero_deadline_returns_a_fallback_at_once(gen):
     line = gen.generate("guard", "alert", seed=1, deadline_ms=0)
     assert line.fallback and line.fallback_reason == "deadline" and line.tokens == ()
@@ -128,6 +141,7 @@ def test_fallback_mode_serves_authored_lines_when_the_model_cannot_load(tiny_mod
     shutil.copytree(tiny_model_dir, bad)
     (bad / "model.int4.onnx").write_bytes(b"\x00" * 64)
     gen = LineGenerator.load(bad, on_error="fallback")
+    assert gen.model is None
     line = gen.generate("guard", "patrol", seed=0)
     assert line.fallback and line.fallback_reason == "model_unavailable"
     with pytest.raises(ValueError, match="unknown archetype 'dragon'"):
@@ -262,3 +276,16 @@ def test_poll_answers_a_request_whose_deadline_passed_while_the_worker_was_busy(
     assert late.result().fallback
     assert isinstance(busy.result(timeout=30), Line)
     gen.close()
+
+
+def test_a_deadline_that_passes_mid_line_returns_a_fallback(tiny_model_dir):
+    class Sluggish(Broken):
+        def step(self, *args, **kwargs):
+            time.sleep(0.002)  # a model slower than the deadline allows (not synchronisation)
+            return self._m.step(*args, **kwargs)
+
+    gen = fresh(tiny_model_dir)
+    gen.model = Sluggish(gen.model)
+    line = gen.generate("guard", "alert", seed=3, deadline_ms=15, max_tokens=32, min_tokens=32)
+    assert line.fallback and line.fallback_reason == "deadline"
+    assert line.ttft_ms is not None  # it had started decoding

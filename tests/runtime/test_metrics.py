@@ -9,7 +9,7 @@ from runtime.metrics import EngineMetrics, exposition, register_global
 
 
 def test_metrics_move_with_lines_tokens_cache_and_fallbacks(tiny_model_dir):
-    gen = LineGenerator.load(tiny_model_dir, name="m1")
+    gen = LineGenerator.load(tiny_model_dir, name="m1", min_mean_logprob=None)
     m = gen.metrics
     assert m.value("flash_generation_tokens_total") == 0  # warm-up is not counted
     assert m.value("flash_active_params_percent") == gen.active_params_pct > 0
