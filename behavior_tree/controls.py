@@ -42,39 +42,36 @@ class Sequence(ControlNode):
     initial_state = (("idx", 0), ("skipped", 0))
 
     def tick(self) -> Status:
-        if self.idx or self.skipped:
-            return self._resume()
-        # Fast path: start from the first child (resuming at child 0 is the same).
-        children = self.children
-        for c in children:
-            st = c.tick()
-            if st is SUCCESS:
-                continue
-            if st is FAILURE:
-                if c is children[0]:
-                    c.status = IDLE
-                else:
-                    for o in children:
-                        o.status = IDLE
-                self.status = FAILURE
-                return FAILURE
-            if st is RUNNING:
-                if c is not children[0]:
-                    self.idx = children.index(c)
-                self.status = RUNNING
-                return RUNNING
-            # SKIPPED (the first one): continue on the general path
-            self.idx = children.index(c) + 1
-            self.skipped = 1
-            return self._resume()
-        for c in children:
-            c.status = IDLE
-        self.status = SUCCESS
-        return SUCCESS
-
-    def _resume(self) -> Status:
         children = self.children
         i = self.idx
+        if i == 0 and self.skipped == 0:
+            # Fast path: start from the first child (resuming at child 0 is the same).
+            for c in children:
+                st = c.tick()
+                if st is SUCCESS:
+                    continue
+                if st is FAILURE:
+                    if c is children[0]:
+                        c.status = IDLE
+                    else:
+                        for o in children:
+                            o.status = IDLE
+                    self.status = FAILURE
+                    return FAILURE
+                if st is RUNNING:
+                    if c is not children[0]:
+                        self.idx = children.index(c)
+                    self.status = RUNNING
+                    return RUNNING
+                # SKIPPED (the first one): go on below from the next child
+                i = children.index(c) + 1
+                self.skipped = 1
+                break
+            else:
+                for c in children:
+                    c.status = IDLE
+                self.status = SUCCESS
+                return SUCCESS
         n = len(children)
         while i < n:
             st = children[i].tick()

@@ -40,6 +40,7 @@ def _median_us(fn: Callable[[], object], number: int, repeats: int) -> float:
             fn(); fn(); fn(); fn(); fn(); fn(); fn(); fn(); fn(); fn()  # noqa: E702
         timings.append((time.perf_counter() - t0) / (number // 10 * 10) * 1e6)
         gc.enable()
+        gc.collect()  # py_trees leaves cyclic garbage behind; don't let it slow later sections
     return statistics.median(timings)
 
 

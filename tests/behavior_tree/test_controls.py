@@ -244,3 +244,20 @@ def test_all_children_skipped_makes_the_control_skipped(factory, probes):
     assert tree.tick() is Status.SKIPPED
     assert probes.ticks == {}
     assert tree.root.status is Status.IDLE
+
+
+def test_sequence_passes_over_skipped_children_and_resumes_after_them(factory, probes):
+    probes.action("A", "B", "C")
+    tree = factory.create_tree(wrap('<Sequence><A _skipIf="skip_a"/><B/><C/></Sequence>'))
+    tree.blackboard.set("skip_a", True)
+    probes.set(B=R)
+    assert tree.tick() is R
+    assert probes.ticks == {"B": 1}
+    tree.blackboard.set("skip_a", False)  # not re-checked: the sequence resumes at B
+    probes.set(B=S)
+    assert tree.tick() is S
+    assert probes.ticks == {"B": 2, "C": 1}
+    probes.set(C=F)
+    assert tree.tick() is F  # A now runs (not skipped), then B, then C fails
+    assert probes.ticks == {"A": 1, "B": 3, "C": 2}
+    assert all(n.status is Status.IDLE for n in tree.root.children)
