@@ -346,7 +346,7 @@ def train(
 
     train_seqs, dropped_train = encode_examples(tokenizer, train_examples, model_cfg.block_size)
     val_seqs, dropped_val = encode_examples(tokenizer, val_examples, model_cfg.block_size)
-    val_seqs = val_seqs[: tcfg.eval_examples]
+    val_seqs = val_seqs[:: max(1, len(val_seqs) // tcfg.eval_examples)][: tcfg.eval_examples]  # spread over the split
     if not train_seqs:
         raise ValueError(f"no training example fits block_size {model_cfg.block_size}")
     log.update({
