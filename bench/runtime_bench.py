@@ -14,7 +14,7 @@ Peers (all LineGenerator, same weights):
   int4 dense       every expert computed for every token, then gated (built from --checkpoint)
   int4 no-cache    the shipped graph with the prefix KV cache off
 
-Also: batch of 16 lines through ``generate_batch`` vs 16 ``generate`` calls; load plus warm-up
+Also: a crowd of 16 lines (mixed prompt lengths) through ``generate_batch`` vs 16 single calls; load plus warm-up
 and resident memory in a fresh process; whether onnxruntime IO binding pays for the KV loop;
 the share of prefill tokens the prefix cache saves over the village's requests.
 """
@@ -206,9 +206,9 @@ def main(argv: list[str] | None = None) -> int:
             reqs = requests(base, npcs, args.lines, args.tokens, seed=rep + 1)
             for p in peers:
                 run_block(p, reqs)
-            group = [LineRequest(npcs[i % len(npcs)]["npc"], states[i % len(states)], persona=["kind"],
-                                 intent="greet", seed=1000 * rep + i, max_tokens=args.tokens,
-                                 min_tokens=args.tokens, npc_id=("batch", rep, i)) for i in range(16)]
+            # a crowd of 16 NPCs (mixed personas, states, intents, contexts: prompts of mixed lengths)
+            group = [replace(r, npc_id=("batch", rep, i))
+                     for i, r in enumerate(requests(base, npcs, 16, args.tokens, seed=500 + rep))]
             t = time.perf_counter()
             for r in group:
                 base.generate_request(replace(r, npc_id=("single", *r.npc_id)))

@@ -15,9 +15,9 @@ Per request::
     then one token per step with the KV cache, sampling (runtime.sampling.sample_next) from
     logits where banned words, control tokens and unfillable slots are masked to -inf
 
-Several requests are decoded together by :meth:`LineGenerator.generate_batch` (rows grouped
-by prompt shape, stacked keys/values, lock-step decoding); a single request is a batch of one,
-so there is exactly one decode loop (:meth:`LineGenerator._decode`).
+Several requests are decoded together by :meth:`LineGenerator.generate_batch` (stacked
+keys/values, rows of different lengths left-padded and masked, lock-step decoding); a single
+request is a batch of one, so there is exactly one decode loop (:meth:`LineGenerator._decode`).
 
 Thread safety: every public method may be called from several threads at once.
 """
@@ -357,23 +357,33 @@ class LineGenerator:
         t0 = time.perf_counter()
         return LineStream(self, self._prepare(LineRequest(npc, state, **kwargs), t0))
 
-    def generate_batch(self, requests: Sequence[LineRequest | Mapping[str, Any]]) -> list[Line]:
-        """Lines for many requests, decoded together where their prompts have the same shape.
+    def generate_batch(self, requests: Sequence[LineRequest | Mapping[str, Any]], *,
+                       max_batch: int = 32) -> list[Line]:
+        """Lines for many requests, decoded together (up to ``max_batch`` rows per batch).
 
-        Requests with ``batch=False`` run alone. Results are in request order.
+        Prompts of different lengths are left-padded and masked, so any requests can share a
+        batch. Requests with ``batch=False`` run alone. Results are in request order.
         """
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         t0 = time.perf_counter()
         reqs = [r if isinstance(r, LineRequest) else LineRequest(**r) for r in requests]
         preps = [self._prepare(r, t0) for r in reqs]
         out: list[Line | None] = [None] * len(preps)
-        groups: dict[tuple[int, int], list[int]] = {}
+        batched: list[int] = []
         for i, p in enumerate(preps):
             if p.req.batch and self.model is not None and not self._expired(p):
-                groups.setdefault((p.prefix_len, len(p.ids)), []).append(i)
+                batched.append(i)
             else:
                 out[i] = self._serve(p)
-        for rows_idx in groups.values():
-            for i, line in zip(rows_idx, self._serve_group([preps[i] for i in rows_idx])):
+        # similar lengths together keeps the padding small
+        batched.sort(key=lambda i: (len(preps[i].ids), preps[i].prefix_len))
+        for start in range(0, len(batched), max_batch):
+            chunk = batched[start: start + max_batch]
+            if len(chunk) == 1:
+                out[chunk[0]] = self._serve(preps[chunk[0]])
+                continue
+            for i, line in zip(chunk, self._serve_group([preps[i] for i in chunk])):
                 out[i] = line
         return [line for line in out if line is not None]
 
@@ -445,7 +455,7 @@ class LineGenerator:
         if self.model is None:
             raise RuntimeError("no model loaded (fallback-only mode)")
         prep = self._prepare(LineRequest(npc, state, **kwargs), time.perf_counter())
-        logits, _, _, _ = self._prefill([prep], use_cache=cached)
+        logits, _, _, _, _ = self._prefill([prep], use_cache=cached)
         return logits[0, -1].copy()
 
     def stats(self) -> dict[str, Any]:
@@ -532,7 +542,11 @@ class LineGenerator:
         raise AssertionError("unreachable: _attempts always ends with a Line")
 
     def _serve_group(self, preps: list[_Prepared]) -> list[Line]:
+        assert self.model is not None
         rows = [self._new_row(p, p.seed) for p in preps]
+        room = self.model.block_size - self._padded_length(preps, self.use_prefix_cache)
+        for r in rows:
+            r.budget = max(0, min(r.budget, room))
         try:
             for _ in self._decode(rows):
                 pass
@@ -673,46 +687,89 @@ class LineGenerator:
 
     # ------------------------------------------------------------ decoding
 
-    def _prefill(self, preps: Sequence[_Prepared], *, use_cache: bool
-                 ) -> tuple[np.ndarray, KV, np.ndarray, bool]:
-        """Run the prompts (same prefix and total length) up to their first line token.
+    @staticmethod
+    def _padded_length(preps: Sequence[_Prepared], use_cache: bool) -> int:
+        """Length of the batch's prompt block once rows are left-padded to a common shape."""
+        if not use_cache:
+            return max(len(p.ids) for p in preps)
+        return max(p.prefix_len for p in preps) + max(len(p.ids) - p.prefix_len for p in preps)
 
-        Returns (logits [B, T, V], past, router_probs, prefix_cache_hit for every row).
+    def _prefill(self, preps: Sequence[_Prepared], *, use_cache: bool
+                 ) -> tuple[np.ndarray, KV, np.ndarray, list[bool], np.ndarray | None]:
+        """Run the prompts up to their first line token.
+
+        Returns (logits [B, T, V], past, router_probs, prefix cache hit per row, attention mask).
+        Rows of different shapes are left-padded (the prefix keys/values to the longest prefix,
+        the suffix to the longest suffix) and masked; the mask is None when nothing is padded.
         """
-        assert self.model is not None
-        ids = np.asarray([p.ids for p in preps], dtype=np.int64)
-        plen = preps[0].prefix_len
-        if not use_cache or plen == 0 or plen == ids.shape[1]:
-            logits, past, router = self.model.step(ids, None)
-            return logits, past, router, False
+        model = self.model
+        assert model is not None
+        b = len(preps)
+        lens = [len(p.ids) for p in preps]
+        plens = [p.prefix_len for p in preps]
+        if not use_cache or not all(0 < pl < n for pl, n in zip(plens, lens)):
+            if len(set(lens)) == 1:
+                logits, past, router = model.step(np.asarray([p.ids for p in preps], dtype=np.int64), None)
+                return logits, past, router, [False] * b, None
+            t = max(lens)
+            ids = np.full((b, t), self.tokenizer.pad_id, dtype=np.int64)
+            mask = np.zeros((b, t), dtype=np.int64)
+            pos = np.zeros((b, t), dtype=np.int64)
+            for i, p in enumerate(preps):
+                n = len(p.ids)
+                ids[i, t - n:], mask[i, t - n:], pos[i, t - n:] = p.ids, 1, np.arange(n)
+            logits, past, router = model.step(ids, None, attention_mask=mask, position_ids=pos)
+            return logits, past, router, [False] * b, mask
         kvs, hits = [], []
         for p in preps:
-            prefix = p.ids[:plen]
+            prefix = p.ids[: p.prefix_len]
             kv = self.prefix_cache.get(prefix, p.req.domain)
             hit = kv is not None
             if kv is None:
-                kv = self.prefix_cache.put(prefix, self.model.step(np.asarray([prefix]), None)[1], p.req.domain)
-            self.metrics.prefix_query(plen, hit)
+                kv = self.prefix_cache.put(prefix, model.step(np.asarray([prefix]), None)[1], p.req.domain)
+            self.metrics.prefix_query(p.prefix_len, hit)
             kvs.append(kv)
             hits.append(hit)
-        past = kvs[0] if len(kvs) == 1 else [np.concatenate([kv[j] for kv in kvs]) for j in range(len(kvs[0]))]
-        logits, present, router = self.model.step(ids[:, plen:], past)
-        return logits, present, router, all(hits)
+        if len(set(lens)) == 1 and len(set(plens)) == 1:
+            past = kvs[0] if b == 1 else [np.concatenate([kv[j] for kv in kvs]) for j in range(len(kvs[0]))]
+            ids = np.asarray([p.ids[p.prefix_len:] for p in preps], dtype=np.int64)
+            logits, present, router = model.step(ids, past)
+            return logits, present, router, hits, None
+        big_p, big_s = max(plens), max(n - pl for n, pl in zip(lens, plens))
+        past = []
+        for j in range(len(kvs[0])):
+            _, h, _, d = kvs[0][j].shape
+            layer = np.zeros((b, h, big_p, d), dtype=np.float32)
+            for i, kv in enumerate(kvs):
+                layer[i, :, big_p - plens[i]:] = kv[j][0]
+            past.append(layer)
+        ids = np.full((b, big_s), self.tokenizer.pad_id, dtype=np.int64)
+        mask = np.zeros((b, big_p + big_s), dtype=np.int64)
+        pos = np.zeros((b, big_s), dtype=np.int64)
+        for i, p in enumerate(preps):
+            s_len = lens[i] - plens[i]
+            ids[i, big_s - s_len:] = p.ids[p.prefix_len:]
+            mask[i, big_p - plens[i]: big_p] = 1
+            mask[i, big_p + big_s - s_len:] = 1
+            pos[i, big_s - s_len:] = np.arange(plens[i], lens[i])
+        logits, present, router = model.step(ids, past, attention_mask=mask, position_ids=pos)
+        return logits, present, router, hits, mask
 
     def _decode(self, rows: list[_Row], *, use_cache: bool | None = None,
                 cancelled: Callable[[], bool] | None = None) -> Generator[int, None, None]:
-        """Decode ``rows`` (same prompt shape) in lock step; yields each token of a one-row decode.
+        """Decode ``rows`` in lock step; yields each token of a one-row decode.
 
         Every row stops at ``eos`` (not before ``min_tokens``), at its budget, a stop string, its
         deadline or ``cancelled()``; ``row.finish`` says which. Finished rows leave the batch.
         """
         assert self.model is not None
         use_cache = self.use_prefix_cache if use_cache is None else use_cache
-        logits, past, router, hit = self._prefill([r.prep for r in rows], use_cache=use_cache)
+        logits, past, router, hits, mask = self._prefill([r.prep for r in rows], use_cache=use_cache)
         eos = self.tokenizer.eos_id
         t_in = logits.shape[1]
+        next_pos = np.asarray([len(r.prep.ids) for r in rows], dtype=np.int64)
         for b, r in enumerate(rows):
-            r.hit = hit
+            r.hit = hits[b]
             r.router.append(_confidence(router, b * t_in + t_in - 1))
             if r.budget == 0:
                 r.finish = "length"
@@ -754,9 +811,16 @@ class LineGenerator:
                 return
             if len(keep) < len(live):
                 idx = np.asarray(keep)
-                past, nxt = [p[idx] for p in past], nxt[idx]
+                past, nxt, next_pos = [p[idx] for p in past], nxt[idx], next_pos[idx]
+                mask = None if mask is None else mask[idx]
                 live = [live[pos] for pos in keep]
-            logits, past, router = self.model.step(nxt[:, None], past)
+            if mask is None:
+                logits, past, router = self.model.step(nxt[:, None], past)
+            else:
+                mask = np.concatenate([mask, np.ones((len(live), 1), dtype=np.int64)], axis=1)
+                logits, past, router = self.model.step(nxt[:, None], past, attention_mask=mask,
+                                                       position_ids=next_pos[:, None])
+            next_pos += 1
             t_now = time.perf_counter()
             self._step_s = 0.9 * self._step_s + 0.1 * (t_now - t_step) if self._step_s else t_now - t_step
             t_step = t_now

@@ -245,6 +245,21 @@ def test_batch_lines_come_back_in_order_and_match_single_greedy_calls(tiny_model
     assert [x.tokens for x in lines] == [x.tokens for x in singles]
 
 
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_a_batch_of_different_prompt_shapes_is_padded_and_matches_single_calls(tiny_model_dir, use_cache):
+    gen, ref = fresh(tiny_model_dir, use_prefix_cache=use_cache), fresh(tiny_model_dir, use_prefix_cache=use_cache)
+    shapes = [dict(persona=[]), dict(persona=["kind"]), dict(persona=["gruff", "proud"], context={"weather": "rain"}),
+              dict(context={"weather": "snow", "time_of_day": "dusk", "reputation": "hostile"}),
+              dict(persona=["sly"], intent="trade")]
+    reqs = [LineRequest(["guard", "thief", "sailor", "priest", "child"][i], "idle", seed=i, npc_id=i, temperature=0,
+                        max_tokens=10, **shape) for i, shape in enumerate(shapes)]
+    lines = gen.generate_batch(reqs)
+    singles = [ref.generate_request(r) for r in reqs]
+    assert [x.tokens for x in lines] == [x.tokens for x in singles]
+    assert len({len(gen.tokenizer.encode_prompt(r.npc, r.persona or (), r.state, r.intent, r.context or {})[0])
+                for r in reqs}) > 1
+
+
 def test_submit_resolves_futures_and_poll_reports_each_once(tiny_model_dir):
     with fresh(tiny_model_dir) as gen:
         futs = [gen.submit("blacksmith", "working", seed=s, npc_id=s) for s in range(4)]
