@@ -104,8 +104,8 @@ class Tree:
             root.halt()
         for n in iter_nodes(root):  # completed nodes keep their last status until reset
             n.status = IDLE
-        self.asleep = False
         self._sleepers = None
+        self.wake()  # a halted tree starts over on its next tick
         if self._trace is not None:
             self._trace.record(self, halted=True)
 
@@ -170,12 +170,9 @@ class Tree:
         asleep = False
         deadline = self._timer
         if sleepers is not None and st is RUNNING and (reads is None or not reads.dirty):
-            asleep = True
-            for n in _frontier(self.root):
-                t = sleepers.get(n)
-                if t is None:
-                    asleep = False
-                    break
+            t = _sleep_deadline(self.root, sleepers)
+            if t is not None:
+                asleep = True
                 if t < deadline:
                     deadline = t
         if asleep:
@@ -251,13 +248,23 @@ class Tree:
         return f"<Tree {self.definition.main_tree!r} {self.root.status.name} ticks={self.tick_count}>"
 
 
-def _frontier(root: TreeNode) -> Iterator[TreeNode]:
-    """RUNNING nodes none of whose children is RUNNING (the leaves of the active path)."""
+def _sleep_deadline(root: TreeNode, sleepers: dict[TreeNode, float]) -> float | None:
+    """The earliest wake time asked by the frontier of the active path (the RUNNING
+    nodes with no RUNNING child), or None if one of them did not ask to sleep."""
+    deadline = _INF
     stack = [root]
     while stack:
         n = stack.pop()
-        running = [c for c in n.children if c.status is RUNNING]
-        if running:
-            stack.extend(running)
-        else:
-            yield n
+        t = sleepers.get(n)
+        if t is not None:  # it asked to sleep: a leaf, or a waiting Delay/Sleep
+            if t < deadline:
+                deadline = t
+            continue
+        found = False
+        for c in n.children:
+            if c.status is RUNNING:
+                stack.append(c)
+                found = True
+        if not found:
+            return None
+    return deadline

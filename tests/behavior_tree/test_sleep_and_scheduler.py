@@ -154,3 +154,21 @@ def test_a_sleeping_tree_ticked_by_hand_returns_to_the_scheduler():
     tree.tick()
     assert not tree.asleep and sched.sleeping == 0
     assert sched.update(0.2) == 1
+
+
+def test_halting_a_sleeping_tree_puts_it_back_on_the_grid():
+    factory = Factory()
+
+    def idle(ctx):
+        ctx.sleep()
+        return R
+
+    factory.register_action("Idle", idle)
+    tree = factory.create_tree(wrap("<Idle/>"))
+    sched = TreeScheduler(rate_hz=10)
+    sched.add(tree, phase=0.0)
+    sched.update(0.0)
+    assert sched.sleeping == 1
+    tree.halt()
+    assert sched.sleeping == 0 and tree.root.status is Status.IDLE
+    assert sched.update(0.1) == 1
