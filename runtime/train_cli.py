@@ -43,14 +43,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="JSON", default=None,
                         help="JSON object (inline or a file path) of model/training settings")
     parser.add_argument("--out", metavar="DIR", required=True, help="checkpoint directory")
-    parser.add_argument("--steps", type=int, default=None, help="optimiser steps (default 3000)")
-    parser.add_argument("--batch-size", type=int, default=None, help="examples per step (default 32)")
+    parser.add_argument("--steps", type=int, default=None, metavar="N", help="optimiser steps (default 3000)")
+    parser.add_argument("--batch-size", type=int, default=None, metavar="N", help="examples per step (default 32)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
                         help="default: cuda when available, else cpu")
     parser.add_argument("--resume", action="store_true", help="continue from DIR/model.pt if present")
-    parser.add_argument("--seed", type=int, default=None, help="seed for init and data order (default 0)")
+    parser.add_argument("--seed", type=int, default=None, metavar="N", help="seed for init and data order (default 0)")
     parser.add_argument("--tiny", action="store_true", help="tiny model and schedule, for smoke tests")
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
                         help="CPU threads for torch (default: all cores, at most 8)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -121,19 +121,15 @@ def run(args: argparse.Namespace) -> int:
     resume = args.resume and (out / "model.pt").exists()
     if args.resume and not resume:
         print(f"no checkpoint in {out}; starting fresh")
-    log = train(
-        out,
-        train_examples=split.train,
-        val_examples=split.val,
-        tokenizer=tokenizer,
-        catalog=book.catalog(),
-        model_config=model_cfg,
-        # on resume the saved schedule is kept unless settings were given on the command line
-        train_config=None if resume and not _train_settings_given(args) else train_cfg,
-        device=device,
-        resume=resume,
-        progress=not args.quiet,
-    )
+    # on resume the saved schedule is kept unless settings were given on the command line
+    train_config = None if resume and not _train_settings_given(args) else train_cfg
+    try:
+        log = train(out, train_examples=split.train, val_examples=split.val, tokenizer=tokenizer,
+                    catalog=book.catalog(), model_config=model_cfg, train_config=train_config,
+                    device=device, resume=resume, progress=not args.quiet)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; checkpoint saved in {out}, continue with --resume", file=sys.stderr)
+        return 130
     counts = log["num_params"]
     final = log["final"]
     print(

@@ -96,6 +96,19 @@ def test_resume_continues_at_the_saved_step_with_the_same_data_order(tmp_path, b
         torch.testing.assert_close(pa, pb, rtol=1e-5, atol=1e-6, msg=name)
 
 
+def test_interrupt_saves_a_checkpoint_at_the_last_completed_step(tmp_path, book_data):
+    tcfg = TrainConfig(steps=6, batch_size=4, warmup_steps=1, eval_interval=100, eval_examples=8,
+                       checkpoint_interval=100)
+
+    def interrupt_after_step_2(step, record):
+        if step == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_tiny(tmp_path, book_data, tcfg, on_step=interrupt_after_step_2)
+    assert torch.load(tmp_path / "model.pt", weights_only=False)["step"] == 3
+
+
 def test_every_example_is_seen_once_per_epoch_in_a_seeded_order():
     n, bs = 100, 10
     epoch = [i for step in range(10) for i in batch_indices(n, bs, step, seed=3)]
