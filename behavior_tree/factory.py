@@ -407,12 +407,14 @@ class Factory:
         cls = reg.cls
         n = len(el.children)
         if reg.n_children is not None and n != reg.n_children:
-            raise err(NodeConfigError, f"{reg_id} needs exactly {reg.n_children} children, has {n}")
+            raise err(NodeConfigError,
+                      f"{reg_id} needs exactly {_count(reg.n_children, 'child')}, has {n}")
         if n < cls.min_children or (cls.max_children is not None and n > cls.max_children):
-            want = (f"exactly {cls.min_children}" if cls.min_children == cls.max_children else
-                    f"at least {cls.min_children}" if cls.max_children is None else
-                    f"{cls.min_children} to {cls.max_children}")
-            raise err(NodeConfigError, f"{reg_id} needs {want} children, has {n}")
+            want = (f"exactly {_count(cls.min_children, 'child')}"
+                    if cls.min_children == cls.max_children else
+                    f"at least {_count(cls.min_children, 'child')}" if cls.max_children is None
+                    else f"{cls.min_children} to {cls.max_children} children")
+            raise err(NodeConfigError, f"{reg_id} needs {want}, has {n}")
         children = tuple(self._spec(c, ctx) for c in el.children)
         declared = reg.ports_for(n)
         name = el.attrs.get("name") or reg_id
@@ -528,6 +530,10 @@ class Factory:
                         is_async=child.is_async,
                         subtree=SubTreeInfo(tid, remap, values, autoremap),
                         source=el.source, line=el.line)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {'children' if noun == 'child' else noun + 's'}"
 
 
 def _error_at(el: Element) -> Callable[..., TreeLoadError]:
