@@ -408,13 +408,14 @@ class Factory:
         n = len(el.children)
         if reg.n_children is not None and n != reg.n_children:
             raise err(NodeConfigError,
-                      f"{reg_id} needs exactly {_count(reg.n_children, 'child')}, has {n}")
+                      f"{reg_id} needs exactly {_count(reg.n_children, 'child')}, "
+                      f"has {_count(n, 'child')}")
         if n < cls.min_children or (cls.max_children is not None and n > cls.max_children):
             want = (f"exactly {_count(cls.min_children, 'child')}"
                     if cls.min_children == cls.max_children else
                     f"at least {_count(cls.min_children, 'child')}" if cls.max_children is None
                     else f"{cls.min_children} to {cls.max_children} children")
-            raise err(NodeConfigError, f"{reg_id} needs {want}, has {n}")
+            raise err(NodeConfigError, f"{reg_id} needs {want}, has {_count(n, 'child')}")
         children = tuple(self._spec(c, ctx) for c in el.children)
         declared = reg.ports_for(n)
         name = el.attrs.get("name") or reg_id

@@ -169,7 +169,7 @@ def test_structure_errors():
                '<BehaviorTree ID="B"><AlwaysSuccess/></BehaviorTree></root>')
     with pytest.raises(XMLFormatError, match='BTCPP_format="3"'):
         f.load('<root BTCPP_format="3"><BehaviorTree ID="A"><AlwaysSuccess/></BehaviorTree></root>')
-    with pytest.raises(NodeConfigError, match="exactly 1 child, has 0"):
+    with pytest.raises(NodeConfigError, match="exactly 1 child, has 0 children"):
         f.load(wrap("<Inverter/>"))
     with pytest.raises(NodeConfigError, match="SubTree ID 'Nope' is not defined"):
         f.load(wrap('<SubTree ID="Nope"/>'))
