@@ -172,3 +172,44 @@ def test_halting_a_sleeping_tree_puts_it_back_on_the_grid():
     tree.halt()
     assert sched.sleeping == 0 and tree.root.status is Status.IDLE
     assert sched.update(0.1) == 1
+
+
+def test_a_timeout_above_a_sleeping_leaf_bounds_the_sleep(clock):
+    factory = Factory()
+
+    def idle(ctx):
+        ctx.sleep(10.0)
+        return R
+
+    factory.register_action("Idle", idle)
+    tree = factory.create_tree(wrap('<Timeout msec="500"><Idle/></Timeout>'), clock=clock)
+    tree.track_reads = True
+    assert tree.tick() is R
+    assert tree.asleep and tree.wake_deadline == pytest.approx(clock() + 0.5)
+    clock.advance(0.5)
+    assert tree.is_due(clock()) and tree.tick() is Status.FAILURE
+
+
+async def test_an_async_action_sleeps_the_tree_until_its_task_finishes():
+    import asyncio
+
+    factory = Factory()
+    gate = asyncio.Event()
+
+    async def fetch(ctx):
+        await gate.wait()
+        return True
+
+    factory.register_action("Fetch", fetch)
+    tree = factory.create_tree(wrap("<Fetch/>"))
+    sched = TreeScheduler(rate_hz=10)
+    sched.add(tree, phase=0.0)
+    sched.update(0.0)
+    assert tree.asleep and sched.sleeping == 1
+    assert sched.update(0.5) == 0
+    gate.set()
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert sched.sleeping == 0
+    sched.update(0.6)
+    assert tree.status is S
