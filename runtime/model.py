@@ -126,7 +126,8 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=False)
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: Tensor, past: KV | None = None) -> tuple[Tensor, KV]:
+    def forward(self, x: Tensor, past: KV | None = None, mask: Tensor | None = None) -> tuple[Tensor, KV]:
+        """``mask``: bool [B or 1, 1, T, P + T], True = may attend; None = plain causal (P must be 0)."""
         B, T, C = x.shape
         hd = C // self.n_head
         qkv = F.linear(x, _maybe_quant(self.c_attn.weight, self.qat, self.quant_block))
@@ -134,20 +135,14 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, hd).transpose(1, 2)
         k = k.view(B, T, self.n_head, hd).transpose(1, 2)
         v = v.view(B, T, self.n_head, hd).transpose(1, 2)
-        past_len = 0
         if past is not None:
-            past_len = past[0].shape[2]
             k = torch.cat([past[0], k], dim=2)
             v = torch.cat([past[1], v], dim=2)
         dropout_p = self.dropout if self.training else 0.0
-        if past_len == 0:
+        if mask is None:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
         else:
-            # query i sits at absolute position past_len + i and sees keys 0 .. past_len + i
-            # (for T == 1 that is every key, and the mask is all True)
-            q_pos = torch.arange(T, device=x.device).unsqueeze(1) + past_len
-            k_pos = torch.arange(past_len + T, device=x.device).unsqueeze(0)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=k_pos <= q_pos, dropout_p=dropout_p)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         y = F.linear(y, _maybe_quant(self.c_proj.weight, self.qat, self.quant_block))
         return self.resid_dropout(y), (k, v)
@@ -261,8 +256,10 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=False)
         self.ffn: MoE | MLP = MoE(cfg) if cfg.is_moe_layer(layer) else MLP(cfg)
 
-    def forward(self, x: Tensor, past: KV | None = None) -> tuple[Tensor, KV, Tensor | None, Tensor | None]:
-        a, present = self.attn(self.ln_1(x), past)
+    def forward(
+        self, x: Tensor, past: KV | None = None, mask: Tensor | None = None
+    ) -> tuple[Tensor, KV, Tensor | None, Tensor | None]:
+        a, present = self.attn(self.ln_1(x), past, mask)
         x = x + a
         f, probs, aux = self.ffn(self.ln_2(x))
         return x + f, present, probs, aux
@@ -313,31 +310,46 @@ class Flash(nn.Module):
         *,
         past_kv: list[KV] | None = None,
         loss_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
     ) -> FlashOutput:
         """Run the model on ``idx`` [B, T] continuing after ``past_kv`` (P cached positions).
 
-        Positions are P + arange(T). With ``targets`` [B, T] the loss is the mean
-        cross-entropy over positions where ``loss_mask`` is true (default: where
-        targets != -100) plus the MoE auxiliary loss.
+        Positions are P + arange(T) unless ``position_ids`` [B, T] gives them (e.g. for
+        left-padded batches). ``attention_mask`` [B, P + T] (1 = real token, 0 = padding)
+        hides padded keys: query t of row b attends key j iff j <= P + t and
+        attention_mask[b, j] == 1, as in the exported ONNX graph; a query with no key left
+        (a padding position) attends to every key so it stays finite, and its logits are
+        meaningless. With ``targets`` [B, T] the loss is the mean cross-entropy over
+        positions where ``loss_mask`` is true (default: where targets != -100) plus the
+        MoE auxiliary loss.
         """
         cfg = self.config
         if idx.dim() != 2:
             raise ValueError(f"idx must be [batch, time], got shape {tuple(idx.shape)}")
-        T = idx.shape[1]
+        B, T = idx.shape
         if past_kv is not None and len(past_kv) != cfg.n_layer:
             raise ValueError(f"past_kv has {len(past_kv)} layers, model has {cfg.n_layer}")
         past_len = past_kv[0][0].shape[2] if past_kv else 0
-        if past_len + T > cfg.block_size:
-            raise ValueError(
-                f"sequence of {past_len} cached + {T} new tokens exceeds block_size {cfg.block_size}"
-            )
-        pos = torch.arange(past_len, past_len + T, device=idx.device)
+        if position_ids is None:
+            if past_len + T > cfg.block_size:
+                raise ValueError(
+                    f"sequence of {past_len} cached + {T} new tokens exceeds block_size {cfg.block_size}"
+                )
+            pos = torch.arange(past_len, past_len + T, device=idx.device)
+        else:
+            if position_ids.shape != idx.shape:
+                raise ValueError(f"position_ids shape {tuple(position_ids.shape)} != idx shape {tuple(idx.shape)}")
+            if int(position_ids.max()) >= cfg.block_size or int(position_ids.min()) < 0:
+                raise ValueError(f"position_ids must lie in [0, {cfg.block_size}), block_size {cfg.block_size}")
+            pos = position_ids
+        mask = self._attention_mask(B, T, past_len, attention_mask, idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         present: list[KV] = []
         router_probs: list[Tensor] = []
         aux_loss = torch.zeros((), device=idx.device)
         for i, block in enumerate(self.transformer.h):
-            x, kv, probs, aux = block(x, past_kv[i] if past_kv else None)
+            x, kv, probs, aux = block(x, past_kv[i] if past_kv else None, mask)
             present.append(kv)
             if probs is not None:
                 router_probs.append(probs)
@@ -358,6 +370,25 @@ class Flash(nn.Module):
             ce_loss = (ce * mask.view(-1)).sum() / mask.sum().clamp(min=1)
             loss = ce_loss + aux_loss
         return FlashOutput(logits, loss, present, router_probs, aux_loss, ce_loss)
+
+    @staticmethod
+    def _attention_mask(
+        B: int, T: int, past_len: int, attention_mask: Tensor | None, device: torch.device
+    ) -> Tensor | None:
+        """Bool [B or 1, 1, T, P + T] attention mask, or None when plain causal attention does."""
+        if attention_mask is None and past_len == 0:
+            return None
+        q_pos = torch.arange(T, device=device).unsqueeze(1) + past_len
+        k_pos = torch.arange(past_len + T, device=device).unsqueeze(0)
+        mask = (k_pos <= q_pos).view(1, 1, T, past_len + T)
+        if attention_mask is not None:
+            if attention_mask.shape != (B, past_len + T):
+                raise ValueError(
+                    f"attention_mask shape {tuple(attention_mask.shape)} != (batch, past + new) = {(B, past_len + T)}"
+                )
+            mask = mask & attention_mask.bool().view(B, 1, 1, past_len + T)
+            mask = mask | ~mask.any(dim=-1, keepdim=True)  # padding queries: attend anywhere, stay finite
+        return mask
 
     def num_params(self) -> dict[str, int]:
         """Parameter counts: total (tied weights once), active_per_token, router, embedding, experts.

@@ -66,6 +66,30 @@ def test_multi_token_chunk_after_cached_prefix_matches_full_pass():
     torch.testing.assert_close(rest.logits, full[:, 4:], rtol=1e-4, atol=1e-5)
 
 
+def test_left_padded_batch_with_attention_mask_matches_each_row_alone():
+    model = tiny_model()
+    a, b = tokens(1, 7, seed=5)[0], tokens(1, 4, seed=6)[0]
+    pad = 3
+    idx = torch.stack([a, torch.cat([torch.full((pad,), 0), b])])
+    attention_mask = torch.tensor([[1] * 7, [0] * pad + [1] * 4])
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        batch = model(idx, attention_mask=attention_mask, position_ids=position_ids)
+        alone_a, alone_b = model(a[None]), model(b[None])
+        torch.testing.assert_close(batch.logits[0], alone_a.logits[0], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(batch.logits[1, pad:], alone_b.logits[0], rtol=1e-4, atol=1e-5)
+        assert torch.isfinite(batch.logits).all()
+        # one more token for each row, decoded against the padded cache
+        nxt = torch.tensor([[5], [9]])
+        step_mask = torch.cat([attention_mask, torch.ones(2, 1, dtype=torch.long)], dim=1)
+        step = model(nxt, past_kv=batch.present_kv, attention_mask=step_mask,
+                     position_ids=position_ids[:, -1:] + 1)
+        ref_a = model(nxt[:1], past_kv=alone_a.present_kv).logits[0, -1]
+        ref_b = model(nxt[1:], past_kv=alone_b.present_kv).logits[0, -1]
+    torch.testing.assert_close(step.logits[0, -1], ref_a, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(step.logits[1, -1], ref_b, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("top_k", [1, 2])
 def test_only_the_selected_experts_are_computed(monkeypatch, top_k):
     model = tiny_model(top_k=top_k)
@@ -212,6 +236,15 @@ def test_sequence_longer_than_block_size_is_rejected():
         prefix = model(tokens(1, 30))
         with pytest.raises(ValueError, match="exceeds block_size 32"):
             model(tokens(1, 3), past_kv=prefix.present_kv)
+
+
+def test_malformed_attention_mask_and_positions_are_rejected():
+    model = tiny_model()
+    idx = tokens(2, 5)
+    with torch.no_grad(), pytest.raises(ValueError, match=r"attention_mask shape \(2, 4\)"):
+        model(idx, attention_mask=torch.ones(2, 4, dtype=torch.long))
+    with torch.no_grad(), pytest.raises(ValueError, match=r"position_ids must lie in \[0, 32\)"):
+        model(idx, position_ids=torch.full((2, 5), 32))
 
 
 @pytest.mark.parametrize(
