@@ -308,7 +308,8 @@ def train(
     vocab_size is set to the tokenizer's. With ``resume`` and a ``model.pt`` in
     ``out_dir`` training continues from the saved step with the saved model config and
     optimizer state (``train_config``, when given, still applies, e.g. more steps).
-    ``on_step(step, record)`` is called after every optimiser step.
+    ``on_step(step, record)`` is called after every optimiser step. ``model_config.qat`` is
+    ignored: QAT is switched on at ``train_config.qat_start_step``.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
