@@ -95,7 +95,11 @@ class Repeat(DecoratorNode):
 
     __slots__ = ("count",)
     ports = (InputPort("num_cycles", type=int, description="repetitions, -1 = forever"),)
-    is_async = True
+
+    @staticmethod
+    def async_with(values: dict[str, object]) -> bool:
+        """Repeating forever (or a count read from the blackboard) returns RUNNING by itself."""
+        return values.get("num_cycles", -1) == -1
 
     initial_state = (("count", 0),)
 
@@ -133,6 +137,10 @@ class RetryUntilSuccessful(DecoratorNode):
 
     __slots__ = ("attempts",)
     ports = (InputPort("num_attempts", type=int, description="attempts, -1 = forever"),)
+
+    @staticmethod
+    def async_with(values: dict[str, object]) -> bool:
+        return values.get("num_attempts", -1) == -1
 
     initial_state = (("attempts", 0),)
 

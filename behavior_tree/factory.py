@@ -420,6 +420,7 @@ class Factory:
         declared = reg.ports_for(n)
         name = el.attrs.get("name") or reg_id
         bindings, scripts = self._bind(el, declared, cls, err)
+        literals = {k: b.value for k, b in bindings.items() if b.key is None}
         if cls in (controls.ReactiveSequence, controls.ReactiveFallback):
             async_kids = [c for c in children if c.is_async]
             if len(async_kids) > 1:
@@ -429,12 +430,14 @@ class Factory:
                           "may return RUNNING on its own")
         check = getattr(cls, "check_config", None)
         if check is not None:
-            problem = check(n, {k: b.value for k, b in bindings.items() if b.key is None})
+            problem = check(n, literals)
             if problem:
                 raise err(NodeConfigError, problem)
         if any(a in _GUARD_ATTRS for a in scripts):
             cls = guarded_class(cls)
-        is_async = reg.is_async or any(c.is_async for c in children)
+        async_with = getattr(cls, "async_with", None)
+        is_async = (reg.is_async or any(c.is_async for c in children)
+                    or (async_with is not None and async_with(literals)))
         return NodeSpec(id=reg_id, name=name, cls=cls, children=children, bindings=bindings,
                         port_decls=declared, scripts=scripts, fn=reg.fn, attrs=dict(el.attrs),
                         is_async=is_async, source=el.source, line=el.line)

@@ -124,6 +124,16 @@ def test_reactive_node_rejects_two_asynchronous_children_at_load_time(factory, p
     assert "ReactiveSequence" in str(e.value) and ":1" in str(e.value)
 
 
+def test_a_finite_repeat_of_synchronous_actions_is_not_asynchronous(factory, probes):
+    probes.action("Step")
+    probes.stateful("Wander")
+    factory.create_tree(wrap('<ReactiveFallback><Repeat num_cycles="2"><Step/></Repeat>'
+                             "<Wander/></ReactiveFallback>"))
+    with pytest.raises(NodeConfigError, match="asynchronous"):
+        factory.create_tree(wrap('<ReactiveFallback><Repeat num_cycles="-1"><Step/></Repeat>'
+                                 "<Wander/></ReactiveFallback>"))
+
+
 @pytest.mark.parametrize(
     ("success_count", "failure_count", "results", "expected"),
     [
