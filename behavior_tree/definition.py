@@ -219,7 +219,7 @@ class TreeDefinition:
             node.status = IDLE
             node.spec = spec
             node.tree = tree
-            node.bb = bbs[bbi]
+            node.blackboard = bbs[bbi]
             if kids is not None:
                 ch = tuple(map(get, kids))
                 node.children = ch

@@ -35,7 +35,7 @@ class SetBlackboard(ActionNode):
     )
 
     def tick(self) -> Status:
-        self.bb.set(self.get_input("output_key"), self.get_input("value"))
+        self.blackboard.set(self.get_input("output_key"), self.get_input("value"))
         self.status = SUCCESS
         return SUCCESS
 

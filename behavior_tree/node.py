@@ -62,7 +62,7 @@ class TreeNode:
     controls accept at most one such child), ``min_children``/``max_children``.
     """
 
-    __slots__ = ("bb", "spec", "status", "tree")
+    __slots__ = ("blackboard", "spec", "status", "tree")
 
     ports: ClassVar[tuple[Port, ...]] = ()
     # (attribute, value) pairs every new instance starts with (immutable values only;
@@ -77,10 +77,10 @@ class TreeNode:
     status: Status
     spec: NodeSpec
     tree: Tree
-    bb: Blackboard
+    blackboard: Blackboard  # the blackboard this node reads and writes (its SubTree's)
 
     def setup(self) -> None:
-        """Called once when the node is instantiated (after status/spec/tree/bb and
+        """Called once when the node is instantiated (after status/spec/tree/blackboard and
         ``initial_state`` are set)."""
 
     def tick(self) -> Status:
@@ -103,10 +103,6 @@ class TreeNode:
     @property
     def children(self) -> tuple[TreeNode, ...]:
         return ()
-
-    @property
-    def blackboard(self) -> Blackboard:
-        return self.bb
 
     @property
     def uid(self) -> int:
@@ -133,7 +129,7 @@ class TreeNode:
         key = b.key
         if key is None:
             return b.value
-        v = self.bb.get(key, _MISSING)
+        v = self.blackboard.get(key, _MISSING)
         if v is _MISSING:
             if default is not _MISSING:
                 return default
@@ -170,8 +166,8 @@ class TreeNode:
                     f"node {self.spec.describe()}: output port {name!r} expects {type_name(t)}, "
                     f"got {value!r}"
                 ) from None
-            self.bb.declare(b.key, t)
-        self.bb.set(b.key, value)
+            self.blackboard.declare(b.key, t)
+        self.blackboard.set(b.key, value)
 
     def now(self) -> float:
         """The tree's clock (seconds)."""

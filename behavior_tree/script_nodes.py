@@ -27,7 +27,7 @@ def run_script(node: TreeNode, attr: str) -> tuple[bool, Any]:
     A failing script is recorded on the tree like a failing callback (ok=False).
     """
     try:
-        return True, node.spec.scripts[attr](node.bb)
+        return True, node.spec.scripts[attr](node.blackboard)
     except Exception as e:
         node.tree._callback_error(node, e)
         return False, None
