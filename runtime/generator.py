@@ -583,8 +583,11 @@ class LineGenerator:
                     return
             assert row is not None
             shown = gate.shown if gate is not None else ""
-            if row.finish in ("deadline", "cancelled") and not shown:
-                yield from self._yield_fallback(prep, row.finish, row, stream)
+            if row.finish == "cancelled" and not shown:
+                yield self._abandoned(prep, row)
+                return
+            if row.finish == "deadline" and not shown:
+                yield from self._yield_fallback(prep, "deadline", row, stream)
                 return
             line, why = self._finish(row, attempt + 1, shown=bool(shown))
             if line is not None:
@@ -632,17 +635,21 @@ class LineGenerator:
         self._record(line)
         return line, None
 
+    def _abandoned(self, prep: _Prepared, row: _Row) -> Line:
+        """The result of a request that was answered elsewhere meanwhile (by :meth:`poll` or
+        :meth:`close`): never delivered, so it touches neither the fallback rotation nor metrics."""
+        return Line("", tuple(row.tokens), self._ms(prep.t0), None, row.hit, True, self.active_params_pct, None,
+                    "cancelled", "fallback", "", prep.seed, 1)
+
     def _fallback(self, prep: _Prepared, reason: str, row: _Row | None = None) -> Line:
-        """An authored line for the request (recorded, unless the request was cancelled: whoever
-        cancelled it has answered it already)."""
+        """An authored line for the request, recorded in the metrics."""
         rng = np.random.default_rng([prep.seed, 7919])
         text = self.fallbacks.pick(prep.req.npc, prep.req.state, prep.memory_key, rng)
         line = Line(text, (), self._ms(prep.t0),
                     None if row is None or row.ttft is None else (row.ttft - prep.t0) * 1e3,
                     bool(row is not None and row.hit), True, self.active_params_pct, None, reason,
                     "fallback", text, prep.seed, 0 if row is None else 1)
-        if reason != "cancelled" or row is None:
-            self._record(line, tokens=0 if row is None else len(row.tokens))
+        self._record(line, tokens=0 if row is None else len(row.tokens))
         return line
 
     @staticmethod
