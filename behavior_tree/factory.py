@@ -50,6 +50,8 @@ __all__ = ["Factory", "Registration"]
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]*$")
 _GUARD_ATTRS = frozenset(PRE_CONDITIONS + POST_CONDITIONS)
 _V3_WRAPPERS = ("Action", "Condition", "Control", "Decorator")
+# editor metadata: kept for the round trip, no effect on the tree
+_METADATA = frozenset({"_description", "_uid", "_fullpath"})
 
 
 @dataclass(frozen=True)
@@ -448,7 +450,7 @@ class Factory:
         scripts: dict[str, Any] = {}
         script_ports = getattr(cls, "script_ports", ())
         for attr, raw in el.attrs.items():
-            if attr == "name" or (attr == "ID" and el.tag in _V3_WRAPPERS):
+            if attr == "name" or attr in _METADATA or (attr == "ID" and el.tag in _V3_WRAPPERS):
                 continue
             if attr in _GUARD_ATTRS:
                 scripts[attr] = _compile(raw, attr, err)
@@ -504,7 +506,7 @@ class Factory:
         autoremap = False
         scripts: dict[str, Any] = {}
         for attr, raw in el.attrs.items():
-            if attr in ("ID", "name"):
+            if attr in ("ID", "name") or attr in _METADATA:
                 continue
             if attr == "_autoremap":
                 try:

@@ -24,7 +24,7 @@ GROOT_STYLE = """<?xml version="1.0" encoding="UTF-8"?>
     <ReactiveFallback name="root">
       <ReactiveSequence name="engage">
         <IsEnemyVisible/>
-        <Attack target="{enemy}" _onSuccess="kills += 1"/>
+        <Attack target="{enemy}" _onSuccess="kills += 1" _description="swing once"/>
       </ReactiveSequence>
       <SubTree ID="Patrol" route="{route}" _autoremap="false"/>
     </ReactiveFallback>
