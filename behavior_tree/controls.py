@@ -38,7 +38,6 @@ class Sequence(ControlNode):
     """
 
     __slots__ = ("idx", "skipped")
-
     initial_state = (("idx", 0), ("skipped", 0))
 
     def tick(self) -> Status:
@@ -109,7 +108,6 @@ class SequenceWithMemory(ControlNode):
     (As in BT.CPP, halting does not reset it either.)"""
 
     __slots__ = ("idx", "skipped")
-
     initial_state = (("idx", 0), ("skipped", 0))
 
     def halt(self) -> None:
@@ -156,7 +154,6 @@ class ReactiveSequence(ControlNode):
     """
 
     __slots__ = ("running",)
-
     initial_state = (("running", None),)
 
     def tick(self) -> Status:
@@ -205,7 +202,6 @@ class Fallback(ControlNode):
     """
 
     __slots__ = ("idx", "skipped")
-
     initial_state = (("idx", 0), ("skipped", 0))
 
     def tick(self) -> Status:
@@ -251,7 +247,6 @@ class ReactiveFallback(ControlNode):
     """
 
     __slots__ = ("running",)
-
     initial_state = (("running", None),)
 
     def tick(self) -> Status:
@@ -526,7 +521,6 @@ class Switch(ControlNode):
     __slots__ = ("running",)
     min_children = 2
     ports = (InputPort("variable", description="value compared with the cases"),)
-
     initial_state = (("running", -1),)
 
     def tick(self) -> Status:

@@ -197,7 +197,6 @@ class Timeout(DecoratorNode):
 
     __slots__ = ("deadline",)
     ports = (InputPort("msec", type=float, description="time limit in milliseconds"),)
-
     initial_state = (("deadline", -1.0),)
 
     def tick(self) -> Status:
@@ -300,7 +299,6 @@ class Cooldown(DecoratorNode):
 
     __slots__ = ("ready_at",)
     ports = (InputPort("msec", type=float, description="minimum time between runs, ms"),)
-
     initial_state = (("ready_at", float("-inf")),)
 
     def halt(self) -> None:  # an interrupted run does not start a cooldown
