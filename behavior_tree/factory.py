@@ -483,7 +483,8 @@ class Factory:
                                      f"{type_name(port.type)}") from None
             if attr in script_ports:
                 scripts[attr] = _compile(value, attr, err)
-            bindings[attr] = Binding(port, None, value, raw if isinstance(raw, str) else None, False)
+            text = raw if isinstance(raw, str) else _literal_text(raw)  # as the XML will read
+            bindings[attr] = Binding(port, None, value, text, False)
         for pname, port in declared.items():
             if pname in bindings or not port.is_input:
                 continue

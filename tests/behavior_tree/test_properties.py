@@ -100,3 +100,46 @@ def test_random_trees_keep_running_on_the_active_path_and_halt_to_idle(
         clock.advance(0.06)
     tree.halt()
     assert all(n.status is Status.IDLE for n in tree.nodes())
+
+
+def _registered(shape: Any, counter: itertools.count, guard_of: list[str | None]) -> b.BNode:
+    """The same random shapes, with registered leaves, so the XML can be loaded again."""
+    kind = shape[0]
+    i = next(counter)
+    guard = guard_of[i % len(guard_of)]
+    attrs: dict[str, Any] = {guard: f"flag{i % 3} && x < {i}"} if guard else {}
+    if kind == "leaf":
+        return b.action("Stateful" if shape[2] else "Leaf", name=f"L{i}", **attrs)
+    kids = [_registered(c, counter, guard_of) for c in shape[1]]
+    extra = {"Repeat": {"num_cycles": 2}, "Retry": {"num_attempts": 3},
+             "Timeout": {"msec": 150.5}, "Delay": {"delay_msec": 100}, "Cooldown": {"msec": 200},
+             "RunOnce": {"then_skip": False}, "Parallel": {"success_count": -1}}
+    tag = "RetryUntilSuccessful" if kind == "Retry" else kind
+    return b.node(tag, *kids, **extra.get(kind, {}), **attrs)
+
+
+@settings(max_examples=100, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(tree_and_guards=trees)
+def test_random_definitions_survive_the_xml_round_trip(tree_and_guards):
+    shape, guard_of = tree_and_guards
+    factory = Factory()
+    factory.register_action("Leaf", lambda ctx: True)
+
+    class Stateful(StatefulAction):
+        def on_start(self):
+            return R
+
+        def on_running(self):
+            return S
+
+    factory.register_action("Stateful", Stateful)
+    try:
+        built = factory.define(_registered(shape, itertools.count(), guard_of))
+    except NodeConfigError as e:
+        assume("asynchronous" not in str(e))
+        raise
+    text = built.to_xml()
+    loaded = factory.load(text)
+    assert loaded == built
+    assert loaded.to_xml() == text
