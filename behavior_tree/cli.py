@@ -79,7 +79,8 @@ def _model_ports(model: Element) -> list[Port]:
                 node=model.attrs.get("ID"),
             )
         port_type = _MODEL_TYPES.get(element.attrs.get("type", "").strip())
-        kwargs: dict[str, Any] = {"type": port_type}
+        description = element.attrs.get("description") or getattr(element, "text", "")
+        kwargs: dict[str, Any] = {"type": port_type, "description": description.strip()}
         default = element.attrs.get("default")
         if default is not None and element.tag != "output_port":
             try:

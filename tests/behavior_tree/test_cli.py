@@ -50,7 +50,7 @@ def test_a_custom_node_declared_in_the_model_validates_with_its_ports(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     models = """
-      <Action ID="Dance"><input_port name="style" type="std::string"/>
+      <Action ID="Dance"><input_port name="style" type="std::string">how to dance</input_port>
         <input_port name="beats" type="int" default="4"/></Action>
       <Condition ID="IsMusicOn">
         <MetadataFields><Metadata genre="folk"/></MetadataFields>
@@ -159,6 +159,28 @@ def test_a_library_file_without_a_main_tree_validates_each_tree(
     assert "pick one with --tree (have: Wave, Bow)" in capsys.readouterr().err
     assert main(["bt", "render", str(path), "--tree", "Bow"]) == 0
     assert "Inverter" in capsys.readouterr().out
+
+
+def test_stand_ins_keep_the_declared_port_types_defaults_and_descriptions(tmp_path: Path) -> None:
+    from behavior_tree.cli import validation_factory
+    from behavior_tree.xml_io import parse_xml
+
+    path = write(
+        tmp_path,
+        "<Dance/>",
+        """<Action ID="Dance">
+             <input_port name="beats" type="int" default="4">beats per bar</input_port>
+             <output_port name="done" type="bool"/>
+             <inout_port name="mood" type="SomeCustomType" description="how it feels"/>
+           </Action>""",
+    )
+    factory, added = validation_factory(parse_xml(path.read_text()))
+    assert added == ["Dance"]
+    ports = {p.name: p for p in factory.registration("Dance").ports}
+    assert (ports["beats"].type, ports["beats"].default) == (int, 4)
+    assert ports["beats"].description == "beats per bar"
+    assert ports["done"].type is bool and ports["done"].is_output
+    assert ports["mood"].type is None and ports["mood"].description == "how it feels"
 
 
 def test_a_declared_only_node_refuses_to_tick(tmp_path: Path) -> None:
