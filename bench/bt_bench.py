@@ -26,7 +26,7 @@ import time
 import tracemalloc
 from collections.abc import Callable
 
-from behavior_tree import RUNNING, SUCCESS, Factory, Status, TreeScheduler
+from behavior_tree import FAILURE, RUNNING, SUCCESS, Factory, Status, TreeScheduler
 
 BTCPP_US = 1.34  # BehaviorTree.CPP 4.10, executeTick, quoted (see module docstring)
 
@@ -82,6 +82,55 @@ def py_trees_reference(memory: bool):
     root.tick_once()
     assert root.status == PS.RUNNING
     return root
+
+
+# ---- floor: a plain recursive tick, no status bookkeeping ---------------------------------
+class _PlainLeaf:
+    __slots__ = ("fn", "status")
+
+    def __init__(self, fn: Callable[[object], Status]) -> None:
+        self.fn, self.status = fn, Status.IDLE
+
+    def tick(self) -> Status:
+        r = self.fn(self)
+        self.status = r
+        return r
+
+
+class _PlainSequence:
+    __slots__ = ("children", "status")
+
+    def __init__(self, *children: _PlainLeaf) -> None:
+        self.children, self.status = children, Status.IDLE
+
+    def tick(self) -> Status:
+        for c in self.children:
+            r = c.tick()
+            if r is not SUCCESS:
+                self.status = r
+                return r
+        self.status = SUCCESS
+        return SUCCESS
+
+
+class _PlainFallback(_PlainSequence):
+    __slots__ = ()
+
+    def tick(self) -> Status:
+        for c in self.children:
+            r = c.tick()
+            if r is not FAILURE:
+                self.status = r
+                return r
+        self.status = FAILURE
+        return FAILURE
+
+
+def plain_reference() -> _PlainFallback:
+    """The reference tree as bare recursion: what tracking, resets and halting cost on top."""
+    no, yes, act = (lambda n: FAILURE), (lambda n: SUCCESS), (lambda n: RUNNING)
+    branches = [_PlainSequence(_PlainLeaf(no), _PlainLeaf(act)) for _ in range(3)]
+    return _PlainFallback(*branches, _PlainSequence(_PlainLeaf(yes), _PlainLeaf(act)))
 
 
 # ---- realistic NPC tree ---------------------------------------------------------------------
@@ -197,6 +246,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label}: ours {ours_us:.3f} us | py_trees {peer_us:.2f} us | "
               f"ratio {peer_us / ours_us:.1f}x | BT.CPP (quoted) {BTCPP_US} us -> ours is "
               f"{BTCPP_US / ours_us:.2f}x its speed")
+
+    plain = plain_reference()
+    floor = statistics.median(_median_us(plain.tick, number, 1) for _ in range(repeats))
+    print(f"floor: plain recursive tick of the same 10 nodes, no bookkeeping: {floor:.3f} us")
 
     print("\n## Instantiation of the NPC tree from one shared definition")
     f = npc_factory(random.Random(0))
