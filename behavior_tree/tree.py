@@ -53,6 +53,8 @@ class Tree:
       returns FAILURE (``raise_errors=True`` re-raises instead). ``max_errors``
       bounds the list (oldest dropped).
     * ``clock`` (default ``time.monotonic``) times Timeout/Delay/Cooldown/sleep.
+    * ``user_data`` is free for the caller (e.g. the NPC owning the tree); trees can be
+      weakly referenced.
     * Sleep: when every RUNNING leaf asked to sleep (``ctx.sleep()``), the tree
       is ``asleep`` after the tick until a blackboard key read during that tick
       changes (needs ``track_reads``) or ``wake_deadline`` passes (see
@@ -62,9 +64,25 @@ class Tree:
     """
 
     __slots__ = (
-        "_blackboards", "_extra", "_on_wake", "_reads", "_sleepers", "_timer", "_trace", "asleep",
-        "blackboard", "clock", "definition", "errors", "max_errors", "raise_errors", "root",
-        "tick_count", "wake_deadline",
+        "__weakref__",
+        "_blackboards",
+        "_extra",
+        "_on_wake",
+        "_reads",
+        "_sleepers",
+        "_timer",
+        "_trace",
+        "asleep",
+        "blackboard",
+        "clock",
+        "definition",
+        "errors",
+        "max_errors",
+        "raise_errors",
+        "root",
+        "tick_count",
+        "user_data",
+        "wake_deadline",
     )
 
     def _init(self, definition: TreeDefinition, root: TreeNode, bb: Blackboard,
@@ -85,6 +103,7 @@ class Tree:
         self._trace: TickTrace | None = None
         self._on_wake: Callable[[Tree], None] | None = None
         self._extra = False
+        self.user_data: Any = None  # free for the game (e.g. the NPC that owns the tree)
         self.asleep = False
         self.wake_deadline = _INF
 
