@@ -30,13 +30,14 @@ _EPS = 1e-9
 
 
 class _Entry:
-    __slots__ = ("active", "period", "phase", "tree")
+    __slots__ = ("active", "epoch", "period", "phase", "tree")
 
     def __init__(self, tree: Tree, period: float, phase: float) -> None:
         self.tree = tree
         self.period = period
         self.phase = phase
         self.active = True
+        self.epoch = 0  # bumped by set_rate: older grid slots in the heap are stale
 
     def next_slot(self, t: float) -> float:
         """The first grid time >= t (computed from the grid, so no drift accumulates)."""
@@ -59,7 +60,7 @@ class TreeScheduler:
         self.rate_hz = rate_hz
         self._rng = random.Random(seed)
         self._entries: dict[Tree, _Entry] = {}
-        self._due: list[tuple[float, int, _Entry]] = []  # heap of grid slots
+        self._due: list[tuple[float, int, _Entry, int]] = []  # heap of (slot, seq, entry, epoch)
         self._timers: list[tuple[float, int, _Entry]] = []  # heap of sleep deadlines
         self._seq = 0
         self._now = -math.inf
@@ -108,7 +109,21 @@ class TreeScheduler:
 
     def _push(self, e: _Entry, t: float) -> None:
         self._seq += 1
-        heapq.heappush(self._due, (t, self._seq, e))
+        heapq.heappush(self._due, (t, self._seq, e, e.epoch))
+
+    def set_rate(self, tree: Tree, rate_hz: float) -> None:
+        """Change a scheduled tree's tick rate (e.g. slower for NPCs far from the player).
+
+        The tree keeps its phase offset; its next tick is the new grid's next slot.
+        """
+        if rate_hz <= 0:
+            raise ValueError("rate_hz must be positive")
+        e = self._entries[tree]
+        e.period = 1.0 / rate_hz
+        e.epoch += 1
+        if e.active:
+            now = self._now if self._now > -math.inf else e.phase
+            self._push(e, e.next_slot(now + e.period * 1e-6))
 
     def _woken(self, tree: Tree) -> None:
         e = self._entries.get(tree)
@@ -136,8 +151,8 @@ class TreeScheduler:
         ticked = 0
         on_tick = self.on_tick
         while due and due[0][0] <= horizon:
-            slot, _, e = heapq.heappop(due)
-            if not e.active:
+            slot, _, e, epoch = heapq.heappop(due)
+            if not e.active or epoch != e.epoch:
                 continue
             tree = e.tree
             st = tree.tick()
@@ -152,8 +167,6 @@ class TreeScheduler:
             else:
                 # the next grid slot after this one, or after now if we fell behind (never
                 # tick a tree twice in one update)
-                nxt = e.next_slot(max(slot, now) + 0.5 * e.period)
-                self._seq += 1
-                heapq.heappush(due, (nxt, self._seq, e))
+                self._push(e, e.next_slot(max(slot, now) + 0.5 * e.period))
         self.ticks += ticked
         return ticked

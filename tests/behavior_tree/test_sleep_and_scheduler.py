@@ -213,3 +213,18 @@ async def test_an_async_action_sleeps_the_tree_until_its_task_finishes():
     assert sched.sleeping == 0
     sched.update(0.6)
     assert tree.status is S
+
+
+def test_set_rate_moves_a_tree_to_a_slower_grid(factory):
+    d = factory.load(wrap("<AlwaysSuccess/>"))
+    sched = TreeScheduler(seed=2)
+    tree = d.instantiate()
+    sched.add(tree, rate_hz=10, phase=0.0)
+    for k in range(10):  # 0.0 .. 0.9 s: 10 ticks at 10 Hz
+        sched.update(k / 10)
+    sched.set_rate(tree, 2)  # far from the player now
+    for k in range(10, 30):  # 1.0 .. 2.9 s: slots at 1.0, 1.5, 2.0, 2.5
+        sched.update(k / 10)
+    assert tree.tick_count == 14
+    with pytest.raises(ValueError):
+        sched.set_rate(tree, 0)
