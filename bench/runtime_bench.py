@@ -182,18 +182,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lines", type=int, default=60, help="lines per peer per repetition")
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    ap.add_argument("--accept-gibberish", action="store_true",
+                    help="keep lines of a guessing (untrained) model instead of falling back (dev runs)")
+    ap.add_argument("--fresh", type=int, default=3, help="fresh processes for load time and memory (median)")
     args = ap.parse_args(argv)
 
     tmp = Path(tempfile.mkdtemp(prefix="flashnpc-bench-"))
     try:
-        base = LineGenerator.load(args.model)
-        peers = [Peer("int4 sparse", base), Peer("fp32", LineGenerator.load(args.model, file="model.onnx"))]
+        opts = {"min_mean_logprob": None} if args.accept_gibberish else {}
+        base = LineGenerator.load(args.model, **opts)
+        peers = [Peer("int4 sparse", base), Peer("fp32", LineGenerator.load(args.model, file="model.onnx", **opts))]
         dense_dir = dense_model_dir(args.model, args.checkpoint, tmp)
         if dense_dir is not None:
-            peers.append(Peer("int4 dense", LineGenerator.load(dense_dir)))
+            peers.append(Peer("int4 dense", LineGenerator.load(dense_dir, **opts)))
         else:
             print("(no checkpoint found: the dense-all-experts peer is skipped; pass --checkpoint)")
-        peers.append(Peer("int4 no-cache", LineGenerator.load(args.model, use_prefix_cache=False)))
+        peers.append(Peer("int4 no-cache", LineGenerator.load(args.model, use_prefix_cache=False, **opts)))
 
         npcs = village(base)
         states = base.catalog()["states"]
@@ -226,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
             prompt_tokens += len(ids)
             hit_tokens += plen if probe.prefix_cache.get(ids[:plen], r.domain) is not None else 0
 
-        fresh = fresh_process_figures(args.model, 50, args.tokens)
+        runs = [fresh_process_figures(args.model, 50, args.tokens) for _ in range(max(1, args.fresh))]
+        fresh = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         cat = base.catalog()
         prompt, _ = base.tokenizer.encode_prompt(cat["archetypes"][0], [], cat["states"][0], cat["intents"][0])
         plain_ms, bound_ms = io_binding_vs_plain(base.model, prompt, args.tokens, args.reps)
@@ -235,8 +240,13 @@ def main(argv: list[str] | None = None) -> int:
 
     med = statistics.median
     ref = peers[0]
+    import onnxruntime
+
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), "unknown CPU") if Path("/proc/cpuinfo").is_file() else "unknown CPU"
     print(f"\nmodel: {args.model}  ({args.tokens} new tokens per line, 1 intra-op thread, "
           f"{args.reps} reps x {args.lines} lines per peer)")
+    print(f"machine: {cpu}, onnxruntime {onnxruntime.__version__}, Python {sys.version.split()[0]}")
     print(f"{'peer':<16}{'p50 ms':>9}{'p99 ms':>9}{'TTFT p50':>10}{'p50 vs int4':>13}{'fallbacks':>11}")
     for p in peers:
         print(f"{p.name:<16}{med(p.p50):>9.2f}{med(p.p99):>9.2f}{med(p.ttft):>10.2f}"
@@ -250,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
           f"({many / 16:.2f} vs {one / 16:.2f} ms per line, {one / many:.2f}x)")
     print(f"io binding: {bound_ms:.2f} ms vs plain {plain_ms:.2f} ms for {args.tokens} greedy steps "
           f"({plain_ms / bound_ms:.2f}x)")
-    print(f"fresh process: import+load+warm-up {fresh['import_load_ms']:.0f} ms (load() itself "
+    print(f"fresh process (median of {len(runs)}): import+load+warm-up {fresh['import_load_ms']:.0f} ms (load() itself "
           f"{fresh['load_ms']:.0f} ms), first line {fresh['first_line_ms']:.1f} ms, "
           f"RSS {fresh['rss_mb']:.0f} MB (peak {fresh['hwm_mb']:.0f} MB)")
     if args.json:
