@@ -23,7 +23,7 @@ Writing a node class::
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .errors import BlackboardError, BlackboardTypeError
@@ -447,6 +447,4 @@ def iter_nodes(root: TreeNode) -> Iterator[TreeNode]:
         yield n
         stack.extend(reversed(n.children))
 
-
-NodeFunction = Callable[[TreeNode], "Status | bool"]
 
