@@ -446,5 +446,3 @@ def iter_nodes(root: TreeNode) -> Iterator[TreeNode]:
         n = stack.pop()
         yield n
         stack.extend(reversed(n.children))
-
-
