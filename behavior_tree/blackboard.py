@@ -171,7 +171,8 @@ class Blackboard:
 
     def keys(self) -> list[str]:
         """Keys owned by this blackboard (not the parent's), in insertion order."""
-        return [k for k, e in self._entries.items() if e.owner is self and e.value is not _UNSET]
+        return [k for k, e in self._entries.items()
+                if e.owner is self and e.key == k and e.value is not _UNSET]
 
     def items(self) -> Iterator[tuple[str, Any]]:
         for k in self.keys():

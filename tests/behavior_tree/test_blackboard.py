@@ -103,6 +103,8 @@ def test_at_key_always_means_the_root_blackboard():
     assert leaf.get("@time_of_day") == "night"
     leaf.set("@alarm", True)
     assert root.get("alarm") is True
+    root.set("@alarm", False)
+    assert root.keys() == ["time_of_day", "alarm"]  # "@alarm" is an alias, not a key
 
 
 def test_observers_on_the_root_see_writes_made_through_a_subtree(factory):
