@@ -185,3 +185,28 @@ def test_decorator_ports_can_read_the_blackboard(factory, probes):
     tree = factory.create_tree(wrap('<Repeat num_cycles="{n}"><A/></Repeat>'))
     tree.blackboard.set("n", "2")  # strings convert to the port type on read
     assert tree.tick() is S and probes.ticks["A"] == 2
+
+
+def test_halting_a_delay_restarts_its_wait(factory, probes, clock):
+    probes.action("A")
+    tree = factory.create_tree(wrap('<Delay delay_msec="300"><A/></Delay>'), clock=clock)
+    assert tree.tick() is R
+    clock.advance(0.2)
+    tree.halt()
+    assert tree.tick() is R
+    clock.advance(0.2)
+    assert tree.tick() is R and probes.ticks["A"] == 0  # 0.2 s into the new wait
+    clock.advance(0.1)
+    assert tree.tick() is S
+
+
+def test_halting_a_repeat_forgets_the_cycles_done(factory, probes):
+    probes.action("A")
+    tree = factory.create_tree(wrap('<Repeat num_cycles="3"><A/></Repeat>'))
+    probes.set(A=R)
+    assert tree.tick() is R
+    tree.halt()
+    probes.set(A=S)
+    probes.reset_counts()
+    assert tree.tick() is S
+    assert probes.ticks["A"] == 3  # three fresh cycles
