@@ -200,13 +200,12 @@ def test_halting_a_delay_restarts_its_wait(factory, probes, clock):
     assert tree.tick() is S
 
 
-def test_halting_a_repeat_forgets_the_cycles_done(factory, probes):
-    probes.action("A")
+def test_halting_a_repeat_forgets_the_cycles_done(factory):
+    script = iter([S, R])  # cycle 1 succeeds, cycle 2 is still running at the halt
+    calls = []
+    factory.register_action("A", lambda ctx: calls.append(1) or next(script, S))
     tree = factory.create_tree(wrap('<Repeat num_cycles="3"><A/></Repeat>'))
-    probes.set(A=R)
-    assert tree.tick() is R
+    assert tree.tick() is R and len(calls) == 2
     tree.halt()
-    probes.set(A=S)
-    probes.reset_counts()
     assert tree.tick() is S
-    assert probes.ticks["A"] == 3  # three fresh cycles
+    assert len(calls) == 5  # three fresh cycles, not the two that were left
