@@ -128,9 +128,12 @@ print(json.dumps({{"import_load_ms": (t1 - t0) * 1e3, "load_ms": gen.load_ms, "f
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def io_binding_vs_plain(model: FlashOnnx, prompt: list[int], tokens: int, reps: int) -> tuple[float, float]:
-    """Median ms for greedy decoding of ``tokens`` with FlashOnnx.step vs an IO-bound session loop
-    that keeps the KV tensors as OrtValues between steps (no numpy round trip)."""
+def io_binding_vs_plain(model: FlashOnnx, prompt: list[int], tokens: int, reps: int
+                        ) -> tuple[float, float, float, bool]:
+    """Median ms for greedy decoding of ``tokens`` three ways: ``FlashOnnx.step`` (numpy in and
+    out); IO binding keeping the KV tensors as OrtValues between steps; IO binding into
+    preallocated ping-pong KV buffers reused every step (no allocation per step). Also whether
+    all three decode the same tokens."""
     import onnxruntime as ort
 
     s = model.session
@@ -138,22 +141,35 @@ def io_binding_vs_plain(model: FlashOnnx, prompt: list[int], tokens: int, reps: 
     present = [f"present_{k}_{i}" for i in range(model.n_layer) for k in ("key", "value")]
     past_names = [f"past_{k}_{i}" for i in range(model.n_layer) for k in ("key", "value")]
     ones = np.ones((1, model.block_size), np.int64)
+    h, d = model.n_head, model.head_dim
+    bufs = [[np.empty(h * model.block_size * d, np.float32) for _ in present] for _ in range(2)]
+    logits_buf = np.empty((1, 1, int(model.config["vocab_size"])), np.float32)
+    n_moe = sum(1 for i in range(model.n_layer) if i % int(model.config.get("moe_every", 1)) ==
+                int(model.config.get("moe_every", 1)) - 1)
+    router_buf = np.empty((n_moe, 1, int(model.config["n_expert"])), np.float32)
 
-    def plain() -> float:
+    def view(buf: np.ndarray, p: int) -> np.ndarray:
+        return buf[: h * p * d].reshape(1, h, p, d)
+
+    def plain(out: list[int]) -> float:
         t = time.perf_counter()
         logits, past, _ = model.step(np.asarray([prompt]), None)
         for _ in range(tokens):
-            logits, past, _ = model.step(logits[:, -1:].argmax(-1), past)
+            nxt = logits[:, -1:].argmax(-1)
+            out.append(int(nxt[0, 0]))
+            logits, past, _ = model.step(nxt, past)
         return (time.perf_counter() - t) * 1e3
 
-    def bound() -> float:
+    def bound(out: list[int]) -> float:
         t = time.perf_counter()
         logits, past, _ = model.step(np.asarray([prompt]), None)
         kv = [ort.OrtValue.ortvalue_from_numpy(a) for a in past]
         p = len(prompt)
         for _ in range(tokens):
             b = s.io_binding()
-            b.bind_cpu_input("input_ids", logits[:, -1:].argmax(-1).astype(np.int64))
+            nxt = logits[:, -1:].argmax(-1).astype(np.int64)
+            out.append(int(nxt[0, 0]))
+            b.bind_cpu_input("input_ids", nxt)
             b.bind_cpu_input("position_ids", np.asarray([[p]], np.int64))
             b.bind_cpu_input("attention_mask", ones[:, : p + 1])
             for n, v in zip(past_names, kv):
@@ -161,17 +177,49 @@ def io_binding_vs_plain(model: FlashOnnx, prompt: list[int], tokens: int, reps: 
             for n in names:
                 b.bind_output(n, "cpu")
             s.run_with_iobinding(b)
-            out = dict(zip(names, b.get_outputs()))
-            kv = [out[n] for n in present]
-            logits = out["logits"].numpy()
+            got = dict(zip(names, b.get_outputs()))
+            kv = [got[n] for n in present]
+            logits = got["logits"].numpy()
             p += 1
         return (time.perf_counter() - t) * 1e3
 
-    a, b = [], []
+    def preallocated(out: list[int]) -> float:
+        t = time.perf_counter()
+        logits, past, _ = model.step(np.asarray([prompt]), None)
+        p, cur = len(prompt), 0
+        for j, a in enumerate(past):
+            view(bufs[cur][j], p)[...] = a
+        ids, pos = np.empty((1, 1), np.int64), np.empty((1, 1), np.int64)
+        b = s.io_binding()
+        for _ in range(tokens):
+            ids[0, 0] = int(logits[0, -1].argmax())
+            out.append(int(ids[0, 0]))
+            pos[0, 0] = p
+            b.clear_binding_inputs()
+            b.clear_binding_outputs()
+            b.bind_cpu_input("input_ids", ids)
+            b.bind_cpu_input("position_ids", pos)
+            b.bind_cpu_input("attention_mask", ones[:, : p + 1])
+            for j, n in enumerate(past_names):
+                v = view(bufs[cur][j], p)
+                b.bind_input(n, "cpu", 0, np.float32, list(v.shape), v.ctypes.data)
+            for j, n in enumerate(present):
+                v = view(bufs[1 - cur][j], p + 1)
+                b.bind_output(n, "cpu", 0, np.float32, list(v.shape), v.ctypes.data)
+            b.bind_output("logits", "cpu", 0, np.float32, list(logits_buf.shape), logits_buf.ctypes.data)
+            b.bind_output("router_probs", "cpu", 0, np.float32, list(router_buf.shape), router_buf.ctypes.data)
+            s.run_with_iobinding(b)
+            logits, cur, p = logits_buf, 1 - cur, p + 1
+        return (time.perf_counter() - t) * 1e3
+
+    times: list[list[float]] = [[], [], []]
+    seqs: list[list[int]] = [[], [], []]
     for _ in range(reps * 10):
-        a.append(plain())
-        b.append(bound())
-    return statistics.median(a), statistics.median(b)
+        for k, fn in enumerate((plain, bound, preallocated)):
+            seqs[k] = []
+            times[k].append(fn(seqs[k]))
+    same = seqs[0] == seqs[1] == seqs[2]
+    return statistics.median(times[0]), statistics.median(times[1]), statistics.median(times[2]), same
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -234,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         fresh = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         cat = base.catalog()
         prompt, _ = base.tokenizer.encode_prompt(cat["archetypes"][0], [], cat["states"][0], cat["intents"][0])
-        plain_ms, bound_ms = io_binding_vs_plain(base.model, prompt, args.tokens, args.reps)
+        plain_ms, bound_ms, prealloc_ms, same = io_binding_vs_plain(base.model, prompt, args.tokens, args.reps)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -258,8 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     one, many = med(batch_single), med(batch_batched)
     print(f"batch of 16: {many:.1f} ms vs 16 single calls {one:.1f} ms "
           f"({many / 16:.2f} vs {one / 16:.2f} ms per line, {one / many:.2f}x)")
-    print(f"io binding: {bound_ms:.2f} ms vs plain {plain_ms:.2f} ms for {args.tokens} greedy steps "
-          f"({plain_ms / bound_ms:.2f}x)")
+    print(f"io binding, {args.tokens} greedy steps: plain session.run {plain_ms:.2f} ms; KV as OrtValues "
+          f"{bound_ms:.2f} ms ({plain_ms / bound_ms:.2f}x); preallocated reused KV buffers {prealloc_ms:.2f} ms "
+          f"({plain_ms / prealloc_ms:.2f}x); same tokens: {same}")
     print(f"fresh process (median of {len(runs)}): import+load+warm-up {fresh['import_load_ms']:.0f} ms (load() itself "
           f"{fresh['load_ms']:.0f} ms), first line {fresh['first_line_ms']:.1f} ms, "
           f"RSS {fresh['rss_mb']:.0f} MB (peak {fresh['hwm_mb']:.0f} MB)")
@@ -268,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
             "peers": {p.name: {"p50_ms": med(p.p50), "p99_ms": med(p.p99), "ttft_p50_ms": med(p.ttft),
                                "fallbacks": p.fallbacks} for p in peers},
             "prefix_share": share, "batch16_ms": many, "single16_ms": one,
-            "iobinding_ms": bound_ms, "plain_ms": plain_ms, **fresh}, indent=2))
+            "iobinding_ms": bound_ms, "iobinding_prealloc_ms": prealloc_ms, "plain_ms": plain_ms, **fresh},
+            indent=2))
     return 0
 
 
