@@ -219,6 +219,24 @@ class Tree:
         """False while asleep and ``now`` is before the wake deadline."""
         return not self.asleep or now >= self.wake_deadline
 
+    # ---- saving ----------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """JSON-compatible copy of every blackboard of this tree (the root's and each
+        SubTree's, in instantiation order). Node progress is not saved: a restored
+        tree starts from IDLE, its blackboards as they were."""
+        return {"version": 1, "blackboards": [bb.snapshot() for bb in self._blackboards]}
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Load a :meth:`snapshot` taken from a tree of the same definition (halts first)."""
+        boards = snapshot.get("blackboards") if snapshot.get("version") == 1 else None
+        if not isinstance(boards, list) or len(boards) != len(self._blackboards):
+            raise ValueError(
+                f"not a snapshot of this tree (expected version 1 with "
+                f"{len(self._blackboards)} blackboards)")
+        self.halt()
+        for bb, snap in zip(self._blackboards, boards):
+            bb.restore(snap)
+
     # ---- inspection ----------------------------------------------------------------
     def nodes(self) -> Iterator[TreeNode]:
         """Every node, depth-first, parents first (``node.name``, ``.id``, ``.status``,

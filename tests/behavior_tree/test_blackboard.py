@@ -143,3 +143,17 @@ def test_port_remapping_with_same_name_shorthand(factory):
     tree.blackboard.set("line", "hello")
     tree.tick()
     assert tree.blackboard.get("said") == "hello"
+
+
+def test_tree_snapshot_covers_subtree_blackboards_and_restores_into_a_fresh_tree(factory):
+    xml = wrap('<Sequence><Script code="hp := 7"/><SubTree ID="Inner"/></Sequence>',
+               '<BehaviorTree ID="Inner"><Script code="_seen := 3"/></BehaviorTree>')
+    tree = factory.create_tree(xml)
+    tree.tick()
+    snap = json.loads(json.dumps(tree.snapshot()))
+    fresh = factory.create_tree(xml)
+    fresh.restore(snap)
+    assert fresh.blackboard.get("hp") == 7
+    assert fresh.find("Inner").child.blackboard.get("_seen") == 3
+    with pytest.raises(ValueError, match="2 blackboards"):
+        fresh.restore({"version": 1, "blackboards": []})
