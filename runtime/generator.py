@@ -78,7 +78,8 @@ class Line:
     ``ttft_ms``: request start to the first decoded token (None if none was decoded);
     ``prefix_cache_hit``: the prompt prefix's keys/values came from the cache;
     ``fallback`` / ``fallback_reason``: an authored line was returned, and why (``deadline``,
-    ``model_error``, ``unusable``, ``repeat``, ``model_unavailable``);
+    ``model_error``, ``unusable``, ``repeat``, ``model_unavailable``, ``cancelled`` by
+    :meth:`LineGenerator.close`);
     ``finish_reason``: ``eos``, ``length``, ``stop``, ``deadline``, ``error``, ``fallback``;
     ``active_params_pct``: share of the model's parameters a decoded token touches;
     ``router_confidence``: mean top-1 router probability over the decoded tokens' MoE layers;

@@ -306,3 +306,51 @@ def test_a_deadline_that_passes_mid_line_returns_a_fallback(tiny_model_dir):
     line = gen.generate("guard", "alert", seed=3, deadline_ms=15, max_tokens=32, min_tokens=32)
     assert line.fallback and line.fallback_reason == "deadline"
     assert line.ttft_ms is not None  # it had started decoding
+
+
+def test_stop_strings_cut_the_line_before_them(tiny_model_dir):
+    gen, ref = fresh(tiny_model_dir), fresh(tiny_model_dir)
+    cut = 0
+    for seed in range(20):
+        full = ref.generate("farmer", "idle", seed=seed, npc_id=seed, temperature=1.0)
+        line = gen.generate("farmer", "idle", seed=seed, npc_id=seed, temperature=1.0, stop=[" a", "e"])
+        if line.fallback or full.fallback:
+            continue
+        assert " a" not in line.raw_text and "e" not in line.raw_text
+        assert full.raw_text.startswith(line.raw_text)
+        cut += line.finish_reason == "stop"
+    assert cut > 0
+
+
+def test_a_stream_with_no_time_yields_the_fallback_line(gen):
+    stream = gen.generate_stream("noble", "alert", seed=1, deadline_ms=0)
+    assert list(stream) == [stream.line.text] and stream.line.fallback
+
+
+def test_warm_prefixes_fill_the_cache_and_domains_keep_their_ttl(tiny_model_dir):
+    gen = fresh(tiny_model_dir, cache_ttl={"barks": 3600.0}, default_ttl=1e-9)
+    reqs = [LineRequest("guard", s, domain="barks") for s in ("patrol", "alert")]
+    assert gen.warm_prefixes(reqs) == 2 and gen.warm_prefixes(reqs) == 0
+    assert gen.generate("guard", "alert", seed=1, domain="barks").prefix_cache_hit
+    gen.generate("guard", "idle", seed=1)  # default domain: expires at once
+    assert not gen.generate("guard", "idle", seed=2).prefix_cache_hit
+
+
+def test_close_answers_queued_requests_with_fallbacks(tiny_model_dir):
+    gate = threading.Event()
+
+    class Blocked(Broken):
+        def step(self, *args, **kwargs):
+            gate.wait(timeout=30)
+            return self._m.step(*args, **kwargs)
+
+    gen = fresh(tiny_model_dir)
+    gen.model = Blocked(gen.model)
+    first = gen.submit("guard", "patrol", seed=1)
+    queued = gen.submit("guard", "alert", seed=2)
+    closer = threading.Thread(target=gen.close)
+    closer.start()
+    assert queued.result(timeout=30).fallback_reason == "cancelled"
+    gate.set()
+    closer.join(timeout=30)
+    assert first.done()
