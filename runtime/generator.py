@@ -289,7 +289,13 @@ class LineGenerator:
         catalog = model.catalog if model is not None and model.catalog else _read_catalog(root, model)
         banned, rules = read_constraints(root)
         fb_path = root / "fallbacks.json"
-        fallbacks = FallbackBook.from_json(fb_path) if fb_path.is_file() else FallbackBook.from_line_book()
+        try:
+            fallbacks = FallbackBook.from_json(fb_path) if fb_path.is_file() else FallbackBook.from_line_book()
+        except ValueError as exc:
+            if on_error == "raise":
+                raise ModelLoadError(str(exc)) from exc
+            log.exception("fallback lines at %s unreadable; using the line book's", fb_path)
+            fallbacks = FallbackBook.from_line_book()
         options.setdefault("name", root.name or "flash")
         fingerprint = _file_fingerprint(root / file) if model is not None else ""
         cache = PrefixCache(max_bytes=cache_bytes, disk_dir=cache_dir, default_ttl=default_ttl,
@@ -908,8 +914,17 @@ class LineStream:
 
 
 def _load_model(root: Path, file: str, threads: int) -> FlashOnnx:
+    import json
+
     if not root.is_dir():
         raise ModelLoadError(f"{root}: no such model directory")
+    for name in ("config.json", "tokenizer.json", "catalog.json"):
+        path = root / name
+        if path.is_file():
+            try:
+                json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                raise ModelLoadError(f"{path}: not readable JSON ({exc})") from exc
     try:
         return FlashOnnx.load(root, file=file, threads=threads)
     except FileNotFoundError as exc:

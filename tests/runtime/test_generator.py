@@ -136,6 +136,15 @@ def test_a_corrupt_or_missing_model_raises_at_load_naming_the_file(tiny_model_di
         LineGenerator.load(bad)
 
 
+@pytest.mark.parametrize("name", ["tokenizer.json", "config.json", "fallbacks.json"])
+def test_a_corrupt_side_file_raises_naming_it(tiny_model_dir, tmp_path, name):
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_model_dir, bad)
+    (bad / name).write_text("{ not json")
+    with pytest.raises(ModelLoadError, match=name.replace(".", r"\.")):
+        LineGenerator.load(bad)
+
+
 def test_fallback_mode_serves_authored_lines_when_the_model_cannot_load(tiny_model_dir, tmp_path):
     bad = tmp_path / "bad"
     shutil.copytree(tiny_model_dir, bad)
