@@ -221,6 +221,15 @@ class BannedWordMask:
             mask[i] = self.advance(state, self._texts[i], final=last) is None
         return mask
 
+    def precompute(self) -> int:
+        """Compute the masks of every state without a banned phrase under way (a boundary, a dead
+        word, each banned-word prefix), so decoding never waits on one; returns how many."""
+        states = [WordState(), WordState(_DEAD), *(WordState(p) for p in sorted(self._prefixes))]
+        for st in states:
+            for last in (False, True):
+                self.blocked(st, last=last)
+        return 2 * len(states)
+
     def blocked_exact(self, state: WordState, *, last: bool = False) -> np.ndarray:
         """:meth:`blocked` computed token by token with :meth:`advance` (the reference; slow)."""
         mask = self._always_blocked.copy()

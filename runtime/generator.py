@@ -322,8 +322,9 @@ class LineGenerator:
         req = LineRequest(cat["archetypes"][0], cat["states"][0], intent=cat["intents"][0], seed=0,
                           max_tokens=4, npc_id=("__warmup__",))
         prep = self._prepare(req, time.perf_counter())
-        self.mask.blocked(WordState(), last=False)
-        self._decode([self._new_row(prep, prep.seed)], use_cache=False)
+        self.mask.precompute()
+        for _ in self._decode([self._new_row(prep, prep.seed)], use_cache=False):
+            pass
 
     # ------------------------------------------------------------ public API
 

@@ -32,7 +32,10 @@ def test_load_warms_up_and_catalog_lists_what_the_model_understands(gen, tiny_mo
     assert "night" in cat["context"]["time_of_day"] and "player" in cat["slots"]
     assert set(cat["persona_traits"]) >= {"gruff", "kind"}
     assert gen.load_ms is not None and gen.load_ms > 0
+    assert gen._step_s > 0  # the warm-up decoded (and timed) real steps
     assert fresh(tiny_model_dir).stats()["lines"] == 0
+    cold = fresh(tiny_model_dir, warmup=False)
+    assert cold._step_s == 0 and cold.stats()["lines"] == 0
 
 
 def test_a_line_carries_its_timings_and_model_facts(gen):
