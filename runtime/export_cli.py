@@ -15,7 +15,7 @@ DEFAULT_CHECKPOINT = Path("runs/flash")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from runtime.onnx_model import DEFAULT_MODEL_DIR
+    from runtime.paths import DEFAULT_MODEL_DIR
 
     parser.add_argument("--model", type=Path, default=DEFAULT_CHECKPOINT,
                         help=f"checkpoint directory from `flashnpc train --out` (default: {DEFAULT_CHECKPOINT})")

@@ -33,7 +33,9 @@ from typing import Any
 
 import yaml
 
-DEFAULT_PATH = Path(__file__).parent / "assets" / "linebook"
+from runtime.paths import DEFAULT_LINE_BOOK_DIR
+
+DEFAULT_PATH = DEFAULT_LINE_BOOK_DIR
 
 # group names with built-in meaning; every other [group] is an archetype voice group
 BUILTIN_GROUPS = ("lead", "coda", "reply", "mood", "ctx", "tag")

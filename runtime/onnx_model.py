@@ -19,12 +19,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnxruntime as ort
 
+from runtime.paths import DEFAULT_MODEL_DIR
 from runtime.sampling import sample_next
 
 if TYPE_CHECKING:
     from runtime.tokenizer import Tokenizer
-
-DEFAULT_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "flash"
 
 
 def session_options(threads: int = 1) -> ort.SessionOptions:

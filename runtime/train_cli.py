@@ -23,12 +23,11 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from runtime.model import FlashConfig
-from runtime.train import TrainConfig, split_overrides, train
+if TYPE_CHECKING:  # torch is an extra: `flashnpc` must start without it
+    from runtime.model import FlashConfig
+    from runtime.train import TrainConfig
 
 # Small enough to train in a couple of minutes on the CPU; used by --tiny and tests.
 TINY_MODEL = dict(vocab_size=512, block_size=96, n_layer=2, n_head=2, n_embd=64, n_expert=8,
@@ -75,6 +74,9 @@ def load_overrides(value: str | None) -> dict[str, Any]:
 
 
 def build_configs(args: argparse.Namespace) -> tuple[FlashConfig, TrainConfig]:
+    from runtime.model import FlashConfig
+    from runtime.train import TrainConfig, split_overrides
+
     model_kw: dict[str, Any] = dict(TINY_MODEL) if args.tiny else {}
     train_kw: dict[str, Any] = dict(TINY_TRAIN) if args.tiny else {}
     user_model, user_train = split_overrides(load_overrides(args.config))
@@ -87,6 +89,14 @@ def build_configs(args: argparse.Namespace) -> tuple[FlashConfig, TrainConfig]:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        import torch
+    except ModuleNotFoundError:
+        print("flashnpc train: error: training needs torch: "
+              "pip install torch==2.13.0 && pip install -e '.[train]'", file=sys.stderr)
+        return 2
+    from runtime.train import train
+
     try:
         model_cfg, train_cfg = build_configs(args)
     except (ValueError, TypeError) as exc:
