@@ -164,8 +164,8 @@ class _Row:
     budget: int
     tokens: list[int] = field(default_factory=list)
     state: WordState = field(default_factory=WordState)
-    router: list[float] = field(default_factory=list)
-    logprob: float = 0.0
+    router: list[np.ndarray] = field(default_factory=list)  # [n_moe, n_expert] per token fed
+    scored: list[np.ndarray] = field(default_factory=list)  # the logits each token was drawn from
     ttft: float | None = None
     finish: str | None = None
     cut: int = -1  # character index of a stop string in the decoded text
@@ -626,7 +626,7 @@ class LineGenerator:
         was already streamed, so it is kept whatever it is."""
         prep = row.prep
         raw = self._row_raw(row).replace("\ufffd", "").strip()
-        mean_lp = row.logprob / len(row.tokens) if row.tokens else None
+        mean_lp = _mean_logprob(row.scored, row.tokens)
         if not shown:
             if usable(raw) is not None:
                 return None, "unusable"
@@ -635,7 +635,7 @@ class LineGenerator:
             if self.memory.said_recently(prep.memory_key, raw):
                 return None, "repeat"
         self.memory.remember(prep.memory_key, raw)
-        conf = float(np.mean(row.router)) if row.router else None
+        conf = _router_confidence(row.router)
         line = Line(fill_slots(raw, prep.slot_values), tuple(row.tokens), self._ms(prep.t0),
                     None if row.ttft is None else (row.ttft - prep.t0) * 1e3, row.hit, False,
                     self.active_params_pct, conf, None, row.finish or "length", raw, prep.seed, attempts,
@@ -785,7 +785,7 @@ class LineGenerator:
         next_pos = np.asarray([len(r.prep.ids) for r in rows], dtype=np.int64)
         for b, r in enumerate(rows):
             r.hit = hits[b]
-            r.router.append(_confidence(router, b * t_in + t_in - 1))
+            r.router.append(router[:, b * t_in + t_in - 1])
             if r.budget == 0:
                 r.finish = "length"
         live = list(range(len(rows)))
@@ -811,6 +811,7 @@ class LineGenerator:
                     r.finish = "eos"
                     continue
                 r.tokens.append(tok)
+                r.scored.append(last[pos])
                 r.state = self.mask.step(r.state, tok)
                 nxt[pos] = tok
                 if r.prep.req.stop:
@@ -840,7 +841,7 @@ class LineGenerator:
             self._step_s = 0.9 * self._step_s + 0.1 * (t_now - t_step) if self._step_s else t_now - t_step
             t_step = t_now
             for pos, b in enumerate(live):
-                rows[b].router.append(_confidence(router, pos))
+                rows[b].router.append(router[:, pos])
             last = logits[:, -1, :]
 
     def _sample(self, r: _Row, logits: np.ndarray, eos: int) -> int | None:
@@ -855,16 +856,27 @@ class LineGenerator:
         if not np.isfinite(row).any():
             return None
         tok = sample_next(row, r.rng, temperature=r.prep.temperature, top_k=r.prep.top_k, top_p=r.prep.top_p)
-        top = float(logits.max())
-        r.logprob += float(logits[tok]) - top - float(np.log(np.exp(logits - top).sum()))
         if r.ttft is None:
             r.ttft = time.perf_counter()
         return tok
 
 
-def _confidence(router: np.ndarray, row: int) -> float:
-    """Mean over MoE layers of the top-1 router probability of one token row."""
-    return float(router[:, row].max(-1).mean()) if router.shape[0] else 1.0
+def _router_confidence(routers: list[np.ndarray]) -> float | None:
+    """Mean over tokens and MoE layers of the top-1 router probability (each item [n_moe, n_expert])."""
+    if not routers:
+        return None
+    stacked = np.stack(routers)
+    return float(stacked.max(-1).mean()) if stacked.size else 1.0
+
+
+def _mean_logprob(scored: list[np.ndarray], tokens: list[int]) -> float | None:
+    """Mean log-probability (temperature 1, unmasked) of ``tokens`` under the logits they were drawn from."""
+    if not tokens:
+        return None
+    logits = np.stack(scored).astype(np.float64)
+    top = logits.max(-1, keepdims=True)
+    lse = top[:, 0] + np.log(np.exp(logits - top).sum(-1))
+    return float((logits[np.arange(len(tokens)), tokens] - lse).mean())
 
 
 class _StreamGate:
