@@ -1,0 +1,855 @@
+"""The game-script API: a :class:`World` of NPCs driven by behavior trees, who speak.
+
+    from plugin import World, Line
+
+    world = World()                                    # the shipped Flash model
+    world.add_npc("bram", "guard", "examples/village/guard.xml", persona=["gruff"],
+                  position=(10, 4))
+    world.add_player("p1", "Aria", (0, 0))
+    while running:                                     # the game loop
+        world.move_player("p1", player_pos)
+        for event in world.update(dt):                 # never waits on the model
+            if isinstance(event, Line):
+                show_bubble(event.npc_id, event.text)
+
+Each frame ``update`` advances game time, ticks the trees that are due (per-tree rate, random
+phase, sleeping trees skipped: :class:`behavior_tree.TreeScheduler`), finds players entering
+an NPC's approach radius (:class:`plugin.spatial.SpatialHash`), sends line requests to the
+engine (:meth:`runtime.LineGenerator.submit`, or ``generate_stream`` in a worker thread when
+streaming) and returns the events that became ready. See docs/plugin.md for the blackboard
+keys, the stale-line policy and deterministic mode.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from behavior_tree import Blackboard, Factory, Tree, TreeDefinition, TreeLoadError, TreeScheduler
+
+from .errors import WorldError
+from .events import Event, Line, LineDropped, LinePiece, StateChanged
+from .spatial import SpatialHash
+
+__all__ = ["DEFAULT_STATE_MAP", "NPC", "WORLD_KEYS", "Player", "World"]
+
+log = logging.getLogger("flashnpc.plugin")
+
+# Blackboard keys the world writes into every NPC's tree (inputs to the tree; never reported
+# as StateChanged).
+WORLD_KEYS = frozenset({
+    "player_near", "hostile_near", "player_name", "is_night", "time_of_day", "weather",
+    "recent_event", "last_intent",
+})
+
+# Tree vocabularies that differ from the model's states (examples/trees/ uses these).
+DEFAULT_STATE_MAP: dict[str, str] = {
+    "patrolling": "patrol", "resting": "rest", "sleeping": "rest", "closed": "rest",
+    "trading": "working", "serving": "working", "fighting": "combat", "fleeing": "flee",
+    "interrupted": "idle",
+}
+
+# blackboard key -> prompt context slot
+DEFAULT_CONTEXT_KEYS: dict[str, str] = {
+    "time_of_day": "time_of_day", "weather": "weather", "recent_event": "recent_event",
+}
+
+_DEFAULT_WORLD_CONTEXT = {"time_of_day": "day", "weather": "clear", "recent_event": "none"}
+
+
+def _check_id(kind: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
+        raise WorldError(f"{kind} id must be a non-empty str or an int, got {value!r}")
+
+
+def _check_position(where: str, position: Any) -> tuple[float, float]:
+    try:
+        x, y = position
+        x, y = float(x), float(y)
+    except (TypeError, ValueError) as exc:
+        raise WorldError(f"{where}: position must be a pair of numbers (x, y), got {position!r}") from exc
+    if not (math.isfinite(x) and math.isfinite(y)):
+        raise WorldError(f"{where}: position must be finite, got {position!r}")
+    return (x, y)
+
+
+def _check_positive(where: str, name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise WorldError(f"{where}: {name} must be a positive finite number, got {value!r}")
+    return float(value)
+
+
+@dataclass(eq=False)
+class NPC:
+    """One NPC: its tree, where it stands and its speech bookkeeping (read-only for games;
+    change it through the World)."""
+
+    id: Any
+    archetype: str
+    persona: tuple[str, ...]
+    tree: Tree
+    position: tuple[float, float]
+    radius: float
+    rate_hz: float
+    cooldown_until: float = -math.inf
+    state_version: int = 0
+    near: dict[Any, None] = field(default_factory=dict)  # players in the approach radius
+    _unobserve: Callable[[], None] | None = None
+
+    @property
+    def blackboard(self) -> Blackboard:
+        return self.tree.blackboard
+
+
+@dataclass(eq=False)
+class Player:
+    """A player the NPCs can notice: ``name`` fills the line's ``{player}`` slot,
+    ``reputation`` is the prompt's reputation context (``hostile`` ones make ``hostile_near``)."""
+
+    id: Any
+    name: str
+    position: tuple[float, float]
+    reputation: str = "unknown"
+
+
+@dataclass(eq=False)
+class _Request:
+    id: int
+    npc: NPC
+    player: Player | None
+    intent: str
+    kind: str  # "approach" or "talk"
+    regenerated: int = 0
+    tick0: int = -1  # the NPC tree's tick count when queued: wait for one more tick
+    queued_at: float = 0.0
+
+
+@dataclass(eq=False)
+class _Flight:
+    request: _Request
+    state: str
+    version: int
+    future: Future[Any]
+    pieces: deque[str] = field(default_factory=deque)
+    shown: str = ""
+    stale: bool = False
+
+
+class World:
+    """NPCs, players and the line engine, advanced by :meth:`update` once per frame.
+
+    ``generator``: a :class:`runtime.LineGenerator` (default: ``LineGenerator.load()``, the
+    shipped model). ``seed``: seeds tree phases and, in ``deterministic`` mode, every line's
+    sampling seed. ``deterministic=True``: lines are generated synchronously inside
+    ``update`` in a fixed order with derived seeds and no deadline, so the same calls give the
+    same transcript (tests, replays); the default mode never blocks the frame.
+    ``stream=True``: lines decode in a worker thread with ``generate_stream`` and arrive as
+    :class:`LinePiece` events before the :class:`Line`. ``speech_cooldown``: game seconds
+    before an NPC barks again at an approaching player. ``max_in_flight``: requests the engine
+    may hold at once (more wait in a queue). ``deadline_ms``: engine deadline per line (an
+    authored fallback answers a late line). ``tick_rate_hz``: default tree tick rate.
+    ``approach_radius``: default radius. ``cell_size``: the spatial grid's cell side.
+    ``state_key``: the blackboard key holding the behavior state; ``state_map`` maps tree
+    state names to the model's states (merged over :data:`DEFAULT_STATE_MAP`);
+    ``context_keys`` maps blackboard keys to prompt context slots. ``factory``: the
+    behavior-tree factory (default: one with MoveTo, NextWaypoint, PlayAnimation registered);
+    register your own nodes on ``world.factory``.
+    """
+
+    def __init__(self, generator: Any = None, *, seed: int | None = None, deterministic: bool = False,
+                 stream: bool = False, speech_cooldown: float = 20.0, max_in_flight: int = 8,
+                 deadline_ms: float | None = 300.0, tick_rate_hz: float = 10.0,
+                 approach_radius: float = 4.0, cell_size: float = 8.0, state_key: str = "state",
+                 state_map: Mapping[str, str] | None = None,
+                 context_keys: Mapping[str, str] | None = None, factory: Factory | None = None,
+                 max_tokens: int = 32, max_regenerations: int = 2, recent_lines: int = 100) -> None:
+        if generator is None:
+            from runtime.generator import LineGenerator
+
+            generator = LineGenerator.load()
+        if not (isinstance(speech_cooldown, (int, float)) and math.isfinite(speech_cooldown)
+                and speech_cooldown >= 0):
+            raise WorldError(f"speech_cooldown must be a finite number >= 0, got {speech_cooldown!r}")
+        if not isinstance(max_in_flight, int) or max_in_flight < 1:
+            raise WorldError(f"max_in_flight must be an int >= 1, got {max_in_flight!r}")
+        self.generator = generator
+        self.catalog: dict[str, Any] = generator.catalog()
+        self.seed = seed
+        self.deterministic = deterministic
+        self.stream = stream
+        self.speech_cooldown = float(speech_cooldown)
+        self.max_in_flight = max_in_flight
+        self.deadline_ms = None if deterministic else deadline_ms
+        self.tick_rate_hz = _check_positive("World", "tick_rate_hz", tick_rate_hz)
+        self.approach_radius = _check_positive("World", "approach_radius", approach_radius)
+        self.state_key = state_key
+        self.state_map = {**DEFAULT_STATE_MAP, **(state_map or {})}
+        self.context_keys = dict(DEFAULT_CONTEXT_KEYS if context_keys is None else context_keys)
+        self.max_tokens = max_tokens
+        self.max_regenerations = max_regenerations
+        if factory is None:
+            from behavior_tree.demo import register_generic_nodes
+
+            factory = register_generic_nodes(Factory())
+        self.factory = factory
+        self.time = 0.0
+        self.frame = 0
+        self.context: dict[str, str] = dict(_DEFAULT_WORLD_CONTEXT)
+        self.npcs: dict[Any, NPC] = {}
+        self.players: dict[Any, Player] = {}
+        self.grid = SpatialHash(cell_size)
+        self.scheduler = TreeScheduler(rate_hz=self.tick_rate_hz, seed=0 if seed is None else seed)
+        self.recent_lines: deque[Line] = deque(maxlen=recent_lines)
+        self._rng = random.Random(seed)
+        self._max_radius = self.approach_radius
+        self._definitions: dict[str, TreeDefinition] = {}
+        self._trees: set[int] = set()
+        self._queue: deque[_Request] = deque()
+        self._flights: list[_Flight] = []
+        self._events: list[Event] = []
+        self._callbacks: list[tuple[type, Callable[[Any], Any]]] = []
+        self._next_request = 0
+        self._executor: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self.counters: dict[str, int] = {
+            "lines": 0, "fallbacks": 0, "requests": 0, "regenerated": 0, "dropped_stale": 0,
+            "dropped_superseded": 0, "dropped_out_of_range": 0, "dropped_error": 0,
+            "callback_errors": 0, "state_changes": 0,
+        }
+        self._latencies: deque[float] = deque(maxlen=4096)
+        self._cache_hits = 0
+        self._near_npcs: dict[Any, None] = {}  # NPCs with a player in range last frame
+
+    # ------------------------------------------------------------------ clock
+
+    def _clock(self) -> float:
+        return self.time
+
+    # ------------------------------------------------------------------ NPCs
+
+    def add_npc(self, npc_id: Any, archetype: str, tree: str | Path | Tree | TreeDefinition, *,
+                persona: Sequence[str] | None = None, position: Sequence[float] = (0.0, 0.0),
+                context: Mapping[str, Any] | None = None, radius: float | None = None,
+                rate_hz: float | None = None, phase: float | None = None) -> NPC:
+        """Add an NPC and schedule its tree; returns the :class:`NPC`.
+
+        ``tree``: BehaviorTree.CPP v4 XML text, a path to an XML file, a
+        :class:`behavior_tree.TreeDefinition`, or a :class:`behavior_tree.Tree` (used as is,
+        and driven by the world's game clock from now on). ``persona``: trait tags from the
+        model's catalog. ``context``: initial blackboard entries for this NPC (e.g.
+        ``{"shift": "night", "location": "the market"}``; values of keys mapped to prompt
+        context must be in the catalog's vocabulary). ``radius``: approach radius (default
+        the world's). ``rate_hz``/``phase``: the tree's tick rate and phase. Every argument
+        is checked before anything is added: :class:`WorldError` otherwise.
+        """
+        where = f"add_npc({npc_id!r})"
+        _check_id("NPC", npc_id)
+        if npc_id in self.npcs:
+            raise WorldError(f"{where}: an NPC with this id already exists")
+        cat = self.catalog
+        if archetype not in cat["archetypes"]:
+            raise WorldError(f"{where}: unknown archetype {archetype!r}; known: {', '.join(cat['archetypes'])}")
+        traits = self._check_persona(where, persona)
+        pos = _check_position(where, position)
+        r = self.approach_radius if radius is None else _check_positive(where, "radius", radius)
+        rate = self.tick_rate_hz if rate_hz is None else _check_positive(where, "rate_hz", rate_hz)
+        if phase is not None and not (isinstance(phase, (int, float)) and 0.0 <= phase < 1.0):
+            raise WorldError(f"{where}: phase must be in [0, 1), got {phase!r}")
+        initial = dict(context or {})
+        for key, value in initial.items():
+            if not isinstance(key, str) or not key:
+                raise WorldError(f"{where}: context keys must be non-empty strings, got {key!r}")
+            self._check_context_value(where, key, value)
+        bb_values = {**self._world_entries(), self.state_key: "idle", **initial}
+        t = self._make_tree(where, tree, bb_values)
+        # nothing below can fail on user input
+        npc = NPC(npc_id, archetype, traits, t, pos, r, rate)
+        t.user_data = npc
+        npc._unobserve = t.blackboard.observe(
+            lambda key, old, new, _npc=npc: self._on_blackboard(_npc, key, old, new))
+        self.npcs[npc_id] = npc
+        self._trees.add(id(t))
+        self.grid.insert(npc_id, *pos)
+        self._max_radius = max(self._max_radius, r)
+        self.scheduler.add(t, rate_hz=rate, phase=phase, start=self.time)
+        return npc
+
+    def _check_persona(self, where: str, persona: Sequence[str] | None) -> tuple[str, ...]:
+        if persona is None:
+            return ()
+        if isinstance(persona, str):
+            persona = [persona]
+        known = self.catalog["persona_traits"]
+        for trait in persona:
+            if trait not in known:
+                raise WorldError(f"{where}: unknown persona trait {trait!r}; known: {', '.join(known)}")
+        return tuple(persona)
+
+    def _check_context_value(self, where: str, key: str, value: Any) -> None:
+        slot = self.context_keys.get(key)
+        if slot is not None:
+            vocab = self.catalog["context"].get(slot, [])
+            if value not in vocab:
+                raise WorldError(f"{where}: {key}={value!r} is not a known {slot} value; known: "
+                                 f"{', '.join(vocab)}")
+        if key == self.state_key and self._model_state(value) is None:
+            raise WorldError(f"{where}: {key}={value!r} is not a state the model knows; known: "
+                             f"{', '.join(self.catalog['states'])} (or add it to state_map)")
+
+    def _make_tree(self, where: str, tree: Any, values: Mapping[str, Any]) -> Tree:
+        if isinstance(tree, Tree):
+            if id(tree) in self._trees:
+                raise WorldError(f"{where}: this Tree already drives another NPC")
+            bb = tree.blackboard
+            missing = {k: v for k, v in values.items() if k not in bb}
+            for k, v in missing.items():
+                bb.set(k, v)
+            tree.clock = self._clock
+            return tree
+        if isinstance(tree, TreeDefinition):
+            definition = tree
+        elif isinstance(tree, (str, Path)):
+            definition = self._load_definition(where, tree)
+        else:
+            raise WorldError(f"{where}: tree must be XML text, a path, a TreeDefinition or a Tree, "
+                             f"got {type(tree).__name__}")
+        try:
+            return definition.instantiate(Blackboard.from_dict(values), clock=self._clock)
+        except Exception as exc:  # e.g. a blackboard type clash with the tree's own SetBlackboard
+            raise WorldError(f"{where}: cannot instantiate the tree: {exc}") from exc
+
+    def _load_definition(self, where: str, tree: str | Path) -> TreeDefinition:
+        text: str
+        source: str
+        if isinstance(tree, str) and tree.lstrip().startswith("<"):
+            text, source = tree, f"<tree XML of {where}>"
+        else:
+            path = Path(tree)
+            if not path.is_file():
+                raise WorldError(f"{where}: tree file {str(path)!r} not found (pass XML text, "
+                                 "a path, a TreeDefinition or a Tree)")
+            text, source = path.read_text(encoding="utf-8"), str(path)
+        definition = self._definitions.get(text)
+        if definition is None:
+            try:
+                definition = self.factory.load(text, filename=source)
+            except TreeLoadError as exc:
+                raise WorldError(f"{where}: bad tree XML: {exc}") from exc
+            self._definitions[text] = definition
+        return definition
+
+    def remove_npc(self, npc_id: Any) -> None:
+        """Remove an NPC: its tree stops, its queued and in-flight lines are dropped silently."""
+        npc = self._npc("remove_npc", npc_id)
+        del self.npcs[npc_id]
+        self._trees.discard(id(npc.tree))
+        self.scheduler.remove(npc.tree)
+        self.grid.remove(npc_id)
+        self._near_npcs.pop(npc_id, None)
+        if npc._unobserve is not None:
+            npc._unobserve()
+        npc.tree.halt()
+        self._queue = deque(r for r in self._queue if r.npc is not npc)
+        for f in self._flights:
+            if f.request.npc is npc:
+                f.stale = True
+
+    def move_npc(self, npc_id: Any, position: Sequence[float]) -> None:
+        npc = self._npc("move_npc", npc_id)
+        pos = _check_position(f"move_npc({npc_id!r})", position)
+        npc.position = pos
+        self.grid.move(npc_id, *pos)
+
+    def _npc(self, where: str, npc_id: Any) -> NPC:
+        try:
+            return self.npcs[npc_id]
+        except (KeyError, TypeError):
+            raise WorldError(f"{where}: no NPC with id {npc_id!r}") from None
+
+    def _player(self, where: str, player_id: Any) -> Player:
+        try:
+            return self.players[player_id]
+        except (KeyError, TypeError):
+            raise WorldError(f"{where}: no player with id {player_id!r}") from None
+
+    # ------------------------------------------------------------------ players
+
+    def add_player(self, player_id: Any, name: str, position: Sequence[float], *,
+                   reputation: str = "unknown") -> Player:
+        """Add a player; NPCs notice it from the next :meth:`update`."""
+        where = f"add_player({player_id!r})"
+        _check_id("player", player_id)
+        if player_id in self.players:
+            raise WorldError(f"{where}: a player with this id already exists")
+        if not isinstance(name, str) or not name.strip():
+            raise WorldError(f"{where}: name must be a non-empty string, got {name!r}")
+        pos = _check_position(where, position)
+        self._check_reputation(where, reputation)
+        player = Player(player_id, name, pos, reputation)
+        self.players[player_id] = player
+        return player
+
+    def _check_reputation(self, where: str, reputation: str) -> None:
+        known = self.catalog["context"].get("reputation", [])
+        if reputation not in known:
+            raise WorldError(f"{where}: unknown reputation {reputation!r}; known: {', '.join(known)}")
+
+    def move_player(self, player_id: Any, position: Sequence[float]) -> None:
+        player = self._player("move_player", player_id)
+        player.position = _check_position(f"move_player({player_id!r})", position)
+
+    def set_reputation(self, player_id: Any, reputation: str) -> None:
+        player = self._player("set_reputation", player_id)
+        self._check_reputation(f"set_reputation({player_id!r})", reputation)
+        player.reputation = reputation
+        for npc in self.npcs.values():
+            if player_id in npc.near:
+                self._write_near(npc)
+
+    def remove_player(self, player_id: Any) -> None:
+        """Remove a player: NPCs stop seeing it; lines for it are dropped silently."""
+        player = self._player("remove_player", player_id)
+        del self.players[player_id]
+        for npc in self.npcs.values():
+            if player_id in npc.near:
+                del npc.near[player_id]
+                self._write_near(npc)
+        self._queue = deque(r for r in self._queue if r.player is not player)
+        for f in self._flights:
+            if f.request.player is player:
+                f.stale = True
+
+    # ------------------------------------------------------------------ world context
+
+    def set_context(self, **values: str) -> None:
+        """Set world-wide context (``time_of_day``, ``weather``, ``recent_event``): written to
+        every NPC's blackboard (plus ``is_night``) and used in every prompt."""
+        for key, value in values.items():
+            if key not in _DEFAULT_WORLD_CONTEXT:
+                raise WorldError(f"set_context: unknown key {key!r}; known: {', '.join(_DEFAULT_WORLD_CONTEXT)}")
+            vocab = self.catalog["context"].get(key, [])
+            if value not in vocab:
+                raise WorldError(f"set_context: {key}={value!r} is not known; known: {', '.join(vocab)}")
+        self.context.update(values)
+        entries = self._world_entries()
+        for npc in self.npcs.values():
+            bb = npc.blackboard
+            for key, value in entries.items():
+                if key in values or key == "is_night":
+                    bb.set(key, value)
+
+    def _world_entries(self) -> dict[str, Any]:
+        return {**self.context, "is_night": self.context["time_of_day"] == "night",
+                "player_near": False, "hostile_near": False, "player_name": "", "last_intent": ""}
+
+    # ------------------------------------------------------------------ talking
+
+    def talk(self, npc_id: Any, player_id: Any, intent: str) -> int:
+        """A dialogue turn chosen by the player (``greet``, ``ask_rumors``, ``trade``,
+        ``threaten``, ``farewell``, ...); returns the request id its :class:`Line` will carry.
+
+        The intent is written to the NPC's ``last_intent`` blackboard key at once, so its tree
+        can react (a threatened guard turns to combat); the request is sent on the next
+        :meth:`update`, after the trees ticked, so the reply conditions on the NPC's state
+        then and on the intent. An ambient line of this NPC still in flight is dropped
+        (``superseded``). Talking ignores the speech cooldown and restarts it.
+        """
+        where = f"talk({npc_id!r}, {player_id!r})"
+        npc = self._npc(where, npc_id)
+        player = self._player(where, player_id)
+        if intent not in self.catalog["intents"]:
+            raise WorldError(f"{where}: unknown intent {intent!r}; known: {', '.join(self.catalog['intents'])}")
+        for f in self._flights:
+            if f.request.npc is npc and not f.stale and f.request.kind == "approach":
+                f.stale = True
+                self._drop(f.request, "superseded")
+        self._queue = deque(r for r in self._queue if not (r.npc is npc and r.kind == "approach"))
+        npc.cooldown_until = self.time + self.speech_cooldown
+        npc.blackboard.set("last_intent", intent)
+        req = self._new_request(npc, player, intent, "talk")
+        self._queue.append(req)
+        return req.id
+
+    def _new_request(self, npc: NPC, player: Player | None, intent: str, kind: str,
+                     regenerated: int = 0, request_id: int | None = None) -> _Request:
+        if request_id is None:
+            self._next_request += 1
+            request_id = self._next_request
+        tick0 = -1 if regenerated else npc.tree.tick_count
+        return _Request(request_id, npc, player, intent, kind, regenerated, tick0, self.time)
+
+    # ------------------------------------------------------------------ callbacks
+
+    def on(self, event_type: type[Event], callback: Callable[[Any], Any]) -> Callable[[], None]:
+        """Call ``callback(event)`` for each event of ``event_type`` (a class from
+        :mod:`plugin.events`; ``Event`` for all) as :meth:`update` delivers it. A callback that
+        raises is logged and counted (``stats()['callback_errors']``); the world goes on.
+        Returns a function that unsubscribes."""
+        if not (isinstance(event_type, type) and issubclass(event_type, Event)):
+            raise WorldError(f"on: event_type must be an Event class, got {event_type!r}")
+        if not callable(callback):
+            raise WorldError(f"on: callback must be callable, got {callback!r}")
+        entry = (event_type, callback)
+        self._callbacks.append(entry)
+
+        def unsubscribe() -> None:
+            if entry in self._callbacks:
+                self._callbacks.remove(entry)
+
+        return unsubscribe
+
+    # ------------------------------------------------------------------ the frame
+
+    def update(self, dt: float) -> list[Event]:
+        """Advance game time by ``dt`` seconds and return the events ready this frame.
+
+        Order within a frame: players entering or leaving approach radii are found (written to
+        the NPCs' blackboards); trees that are due tick (their writes become
+        :class:`StateChanged` events); queued line requests whose NPC has ticked since go to
+        the engine (up to ``max_in_flight``); lines that finished are
+        delivered, stale ones are dropped or regenerated (docs/plugin.md). Only in
+        deterministic mode does this wait for the model.
+        """
+        if isinstance(dt, bool) or not isinstance(dt, (int, float)) or not math.isfinite(dt) or dt < 0:
+            raise WorldError(f"update: dt must be a finite number of seconds >= 0, got {dt!r}")
+        self.time += dt
+        self.frame += 1
+        self._proximity()
+        self.scheduler.update(self.time)
+        self._send()
+        self._collect()
+        events, self._events = self._events, []
+        if self._callbacks:
+            for event in events:
+                self._dispatch(event)
+        return events
+
+    def drain(self, timeout: float | None = 10.0) -> list[Event]:
+        """Wait (wall clock, at most ``timeout`` s) until every queued and in-flight line is
+        finished, without advancing game time; return the events. For tests, tools and the end
+        of a scripted run, not for a frame."""
+        from concurrent.futures import wait
+
+        events: list[Event] = []
+        while self._queue or self._flights:
+            self._send(force=True)
+            pending = [f.future for f in self._flights if not f.future.done()]
+            if pending:
+                done, _ = wait(pending, timeout=timeout)
+                if not done:
+                    break
+            self._collect()
+            batch, self._events = self._events, []
+            for event in batch:
+                self._dispatch(event)
+            events.extend(batch)
+        return events
+
+    def _dispatch(self, event: Event) -> None:
+        for event_type, callback in list(self._callbacks):
+            if isinstance(event, event_type):
+                try:
+                    callback(event)
+                except Exception:
+                    self.counters["callback_errors"] += 1
+                    log.exception("world callback %r raised on %r", callback, event)
+
+    # ------------------------------------------------------------------ proximity
+
+    def _proximity(self) -> None:
+        npcs = self.npcs
+        grid = self.grid
+        r = self._max_radius
+        now: dict[Any, dict[Any, None]] = {}
+        for pid, player in self.players.items():
+            px, py = player.position
+            for nid in grid.candidates(px, py, r):
+                npc = npcs[nid]
+                nx, ny = npc.position
+                dx, dy = nx - px, ny - py
+                if dx * dx + dy * dy <= npc.radius * npc.radius:
+                    now.setdefault(nid, {})[pid] = None
+        for nid in [n for n in self._near_npcs if n not in now]:
+            npc = npcs[nid]
+            npc.near = {}
+            self._write_near(npc)
+        self._near_npcs = dict.fromkeys(now)
+        for nid, players in now.items():
+            npc = npcs[nid]
+            if players.keys() == npc.near.keys():
+                continue
+            entered = [pid for pid in players if pid not in npc.near]
+            npc.near = players
+            self._write_near(npc)
+            for pid in entered:
+                self._approach(npc, self.players[pid])
+
+    def _write_near(self, npc: NPC) -> None:
+        bb = npc.blackboard
+        near = npc.near
+        bb.set("player_near", bool(near))
+        bb.set("hostile_near", any(self.players[p].reputation == "hostile" for p in near))
+        bb.set("player_name", self.players[next(iter(near))].name if near else "")
+        if not near:
+            bb.set("last_intent", "")
+
+    def _approach(self, npc: NPC, player: Player) -> None:
+        if npc.cooldown_until > self.time:
+            return
+        if any(f.request.npc is npc and not f.stale for f in self._flights):
+            return
+        if any(r.npc is npc for r in self._queue):
+            return
+        if npc.blackboard.get("silent", False) is True:
+            return
+        npc.cooldown_until = self.time + self.speech_cooldown
+        self._queue.append(self._new_request(npc, player, "approach", "approach"))
+
+    # ------------------------------------------------------------------ prompts
+
+    def _model_state(self, value: Any) -> str | None:
+        if not isinstance(value, str):
+            return None
+        if value in self.catalog["states"]:
+            return value
+        mapped = self.state_map.get(value)
+        return mapped if mapped in self.catalog["states"] else None
+
+    def npc_state(self, npc_id: Any) -> str:
+        """The NPC's behavior state as the model knows it (``idle`` if the tree wrote a state
+        the model does not know and ``state_map`` does not map)."""
+        npc = self._npc("npc_state", npc_id)
+        return self._state_of(npc)
+
+    def _state_of(self, npc: NPC) -> str:
+        return self._model_state(npc.blackboard.get(self.state_key, None)) or "idle"
+
+    def _prompt(self, req: _Request) -> dict[str, Any]:
+        npc = req.npc
+        bb = npc.blackboard
+        cat_ctx = self.catalog["context"]
+        context: dict[str, str] = {}
+        for key, slot in self.context_keys.items():
+            value = bb.get(key, None)
+            if value is not None and value in cat_ctx.get(slot, ()):
+                context[slot] = value
+        slots = self.catalog.get("slots", [])
+        if req.player is not None:
+            context["reputation"] = req.player.reputation
+            if "player" in slots:
+                context["player"] = req.player.name
+        for slot in ("location", "item"):
+            value = bb.get(slot, None)
+            if slot in slots and isinstance(value, str) and value:
+                context[slot] = value.replace("_", " ")
+        kwargs: dict[str, Any] = {
+            "persona": list(npc.persona), "intent": req.intent, "context": context,
+            "max_tokens": self.max_tokens, "npc_id": npc.id,
+            "player_id": None if req.player is None else req.player.id,
+        }
+        if self.deterministic or self.seed is not None:
+            kwargs["seed"] = self._rng.getrandbits(31)
+        if self.deadline_ms is not None:
+            kwargs["deadline_ms"] = self.deadline_ms
+        return kwargs
+
+    # ------------------------------------------------------------------ requests in flight
+
+    def _active(self) -> int:
+        return sum(1 for f in self._flights if not f.stale)
+
+    def _send(self, force: bool = False) -> None:
+        """Send queued requests, oldest first, while fewer than ``max_in_flight`` are active.
+
+        A request waits until the NPC's tree has ticked once since it was queued (so the line
+        reflects how the tree reacted to the player arriving or to the intent), unless the tree
+        sleeps on (it did not read what changed) or two tick periods have passed.
+        """
+        if not self._queue:
+            return
+        waiting: deque[_Request] = deque()
+        queue = self._queue
+        while queue:
+            req = queue.popleft()
+            npc = req.npc
+            if npc.id not in self.npcs or (req.player is not None and req.player.id not in self.players):
+                continue
+            if req.kind == "approach" and req.player is not None and req.player.id not in npc.near:
+                self.counters["dropped_out_of_range"] += 1
+                self._drop(req, "out_of_range")
+                continue
+            if (self._active() >= self.max_in_flight or (
+                    not force and npc.tree.tick_count == req.tick0 and not npc.tree.asleep
+                    and self.time - req.queued_at < 2.0 / npc.rate_hz - 1e-9)):
+                waiting.append(req)
+                continue
+            self._start(req)
+        self._queue = waiting
+
+    def _start(self, req: _Request) -> None:
+        npc = req.npc
+        state = self._state_of(npc)
+        kwargs = self._prompt(req)
+        self.counters["requests"] += 1
+        gen = self.generator
+        flight = _Flight(req, state, npc.state_version, Future())
+        if self.deterministic:
+            try:
+                if self.stream:
+                    stream = gen.generate_stream(npc.archetype, state, **kwargs)
+                    for piece in stream:
+                        flight.shown += piece
+                        self._events.append(LinePiece(npc.id, kwargs["player_id"], req.id, piece,
+                                                      flight.shown, self.time))
+                    flight.future.set_result(stream.line)
+                else:
+                    flight.future.set_result(gen.generate(npc.archetype, state, **kwargs))
+            except Exception as exc:
+                flight.future.set_exception(exc)
+        elif self.stream:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(1, thread_name_prefix="flashnpc-world-stream")
+            flight.future = self._executor.submit(self._stream_job, flight, npc.archetype, state, kwargs)
+        else:
+            flight.future = gen.submit(npc.archetype, state, **kwargs)
+        self._flights.append(flight)
+
+    def _stream_job(self, flight: _Flight, archetype: str, state: str, kwargs: dict[str, Any]) -> Any:
+        stream = self.generator.generate_stream(archetype, state, **kwargs)
+        for piece in stream:
+            if flight.stale:
+                break  # nobody will see the rest; free the worker for the regenerated line
+            flight.pieces.append(piece)
+        return stream.line
+
+    def _collect(self) -> None:
+        if not self.deterministic and not self.stream and self._flights:
+            self.generator.poll()  # answers requests past their deadline with a fallback line
+        keep: list[_Flight] = []
+        for f in self._flights:
+            req = f.request
+            if not f.stale:
+                while f.pieces:
+                    piece = f.pieces.popleft()
+                    f.shown += piece
+                    self._events.append(LinePiece(req.npc.id, self._pid(req), req.id, piece, f.shown,
+                                                  self.time))
+            if not f.future.done():
+                keep.append(f)
+                continue
+            if f.stale:
+                continue
+            try:
+                line = f.future.result()
+            except Exception:
+                log.exception("line request %d for NPC %r failed", req.id, req.npc.id)
+                self.counters["dropped_error"] += 1
+                self._drop(req, "error")
+                continue
+            if line is None:  # a stream abandoned by the engine
+                self.counters["dropped_error"] += 1
+                self._drop(req, "error")
+                continue
+            self._deliver(f, line)
+        self._flights = keep
+
+    @staticmethod
+    def _pid(req: _Request) -> Any:
+        return None if req.player is None else req.player.id
+
+    def _deliver(self, f: _Flight, line: Any) -> None:
+        req = f.request
+        event = Line(
+            npc_id=req.npc.id, player_id=self._pid(req), text=line.text, state=f.state,
+            latency_ms=line.latency_ms, fallback=line.fallback, intent=req.intent,
+            archetype=req.npc.archetype, request_id=req.id, ttft_ms=line.ttft_ms,
+            prefix_cache_hit=line.prefix_cache_hit, fallback_reason=line.fallback_reason,
+            regenerated=req.regenerated, time=self.time,
+        )
+        self.counters["lines"] += 1
+        self.counters["fallbacks"] += int(line.fallback)
+        self._cache_hits += int(line.prefix_cache_hit)
+        self._latencies.append(line.latency_ms)
+        self.recent_lines.append(event)
+        self._events.append(event)
+
+    def _drop(self, req: _Request, reason: str, regenerating: bool = False) -> None:
+        self._events.append(LineDropped(req.npc.id, self._pid(req), req.id, reason, regenerating, self.time))
+
+    # ------------------------------------------------------------------ blackboard changes
+
+    def _on_blackboard(self, npc: NPC, key: str, old: Any, new: Any) -> None:
+        if key in WORLD_KEYS or key.startswith("_"):
+            return
+        self.counters["state_changes"] += 1
+        self._events.append(StateChanged(npc.id, key, old, new, self.time))
+        if key != self.state_key or self._model_state(old) == self._model_state(new):
+            return
+        npc.state_version += 1
+        for f in self._flights:
+            if f.request.npc is npc and not f.stale:
+                f.stale = True
+                self._regenerate_or_drop(f.request)
+
+    def _regenerate_or_drop(self, req: _Request) -> None:
+        """The stale-line policy: a dialogue turn (talk) is asked again in the new state, up to
+        ``max_regenerations`` times; an approach bark is asked again only while its player is
+        still within the NPC's radius; anything else is dropped."""
+        self.counters["dropped_stale"] += 1
+        again = req.regenerated < self.max_regenerations and (
+            req.kind == "talk" or (req.player is not None and req.player.id in req.npc.near))
+        self._drop(req, "stale", regenerating=again)
+        if again:
+            self.counters["regenerated"] += 1
+            self._queue.appendleft(self._new_request(req.npc, req.player, req.intent, req.kind,
+                                                     req.regenerated + 1, request_id=req.id))
+
+    # ------------------------------------------------------------------ inspection
+
+    def stats(self) -> dict[str, Any]:
+        """World counters plus line latency percentiles (ms) and the prefix-cache hit rate of
+        delivered lines."""
+        lat = sorted(self._latencies)
+
+        def pct(q: float) -> float | None:
+            if not lat:
+                return None
+            return lat[min(len(lat) - 1, max(0, math.ceil(q / 100 * len(lat)) - 1))]
+
+        lines = self.counters["lines"]
+        return {
+            **self.counters,
+            "npcs": len(self.npcs), "players": len(self.players), "time": self.time,
+            "frame": self.frame, "in_flight": self._active(), "queued": len(self._queue),
+            "tree_ticks": self.scheduler.ticks, "trees_sleeping": self.scheduler.sleeping,
+            "latency_ms_p50": pct(50), "latency_ms_p99": pct(99),
+            "prefix_cache_hit_rate": (self._cache_hits / lines) if lines else None,
+        }
+
+    def close(self) -> None:
+        """Stop the streaming worker (if any). The generator is left open: it may be shared."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    def __enter__(self) -> World:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def npcs_near(self, position: Sequence[float], radius: float) -> list[Any]:
+        """Ids of the NPCs within ``radius`` of ``position`` (grid query)."""
+        x, y = _check_position("npcs_near", position)
+        return self.grid.query(x, y, _check_positive("npcs_near", "radius", radius))
+
+    def all_npcs(self) -> Iterable[NPC]:
+        return self.npcs.values()
