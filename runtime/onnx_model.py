@@ -23,6 +23,7 @@ from runtime.paths import DEFAULT_MODEL_DIR
 from runtime.sampling import sample_next
 
 if TYPE_CHECKING:
+    from runtime.bundle import Bundle
     from runtime.tokenizer import Tokenizer
 
 
@@ -39,12 +40,25 @@ def session_options(threads: int = 1) -> ort.SessionOptions:
     return so
 
 
+def ort_session_options(threads: int = 1) -> ort.SessionOptions:
+    """:func:`session_options` for an ORT-format model (a bundle's): ``session.load_model_format
+    = ORT``, and no graph optimisation at load, since the converter already applied them for the
+    bundle's target (re-optimising would rewrite the graph for the host, and a minimal mobile
+    build has no optimisers: this way desktop runs exactly the graph a phone runs)."""
+    so = session_options(threads)
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.add_session_config_entry("session.load_model_format", "ORT")
+    return so
+
+
 class FlashOnnx:
     """An exported Flash model in an onnxruntime session, with its tokenizer, config and catalog.
 
     ``past`` / ``present`` are lists of 2 * n_layer float32 arrays in graph order
     (key_0, value_0, key_1, value_1, ...), each [B, n_head, P, head_dim].
     """
+
+    bundle: Bundle | None = None
 
     def __init__(self, session: ort.InferenceSession, config: Mapping[str, Any], *,
                  tokenizer: Tokenizer | None = None, catalog: Mapping[str, Any] | None = None) -> None:
@@ -70,8 +84,26 @@ class FlashOnnx:
     @classmethod
     def load(cls, model_dir: str | Path | None = None, *, file: str = "model.int4.onnx",
              threads: int = 1) -> FlashOnnx:
-        """Open ``model_dir/file`` (default: the shipped model) with its tokenizer/config/catalog."""
+        """Open ``model_dir/file`` (default: the shipped model) with its tokenizer/config/catalog.
+
+        ``model_dir`` may also be a bundle from ``flashnpc export mobile`` (a directory with
+        ``manifest.json``, or its zip): it is verified (:func:`runtime.bundle.open_bundle`:
+        schema, format version, file sizes and hashes), ``file`` is ignored for the model the
+        manifest names, and the ORT-format model opens with :func:`ort_session_options`.
+        ``self.bundle`` is then the opened :class:`runtime.bundle.Bundle` (else None).
+        """
+        from runtime.bundle import is_bundle, open_bundle
+
         root = Path(model_dir) if model_dir is not None else DEFAULT_MODEL_DIR
+        if is_bundle(root):
+            bundle = open_bundle(root)
+            model = cls._open(bundle.root, bundle.model_file, ort_session_options(threads))
+            model.bundle = bundle
+            return model
+        return cls._open(root, file, session_options(threads))
+
+    @classmethod
+    def _open(cls, root: Path, file: str, options: ort.SessionOptions) -> FlashOnnx:
         for name in (file, "config.json", "tokenizer.json"):
             if not (root / name).is_file():
                 raise FileNotFoundError(f"{root / name}: missing (export a model with `flashnpc export`)")
@@ -80,8 +112,7 @@ class FlashOnnx:
         config = json.loads((root / "config.json").read_text())
         catalog_path = root / "catalog.json"
         catalog = json.loads(catalog_path.read_text()) if catalog_path.is_file() else {}
-        session = ort.InferenceSession(str(root / file), session_options(threads),
-                                       providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(str(root / file), options, providers=["CPUExecutionProvider"])
         return cls(session, config, tokenizer=Tokenizer.load(root / "tokenizer.json"), catalog=catalog)
 
     def empty_past(self, batch: int) -> list[np.ndarray]:
@@ -178,4 +209,4 @@ class FlashOnnx:
         return self.tokenizer.decode(new)
 
 
-__all__ = ["DEFAULT_MODEL_DIR", "FlashOnnx", "session_options"]
+__all__ = ["DEFAULT_MODEL_DIR", "FlashOnnx", "ort_session_options", "session_options"]

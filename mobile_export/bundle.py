@@ -1,0 +1,296 @@
+"""Build a model bundle for mobile and desktop builds: ``flashnpc export mobile``.
+
+:func:`export_bundle` turns an exported model directory (``flashnpc export`` output; default
+the shipped ``runtime/assets/flash/``) into a bundle (see :mod:`runtime.bundle` and
+``docs/mobile.md``):
+
+    manifest.json               format version, model id/version, files with size and sha256,
+                                tokenizer and prompt layout, tensor names and shapes, KV layout,
+                                onnxruntime version, operator list
+    model.ort                   the INT4 model in ORT format, optimisations fixed for the target
+    required_operators.config   the operators a reduced/minimal onnxruntime build must include
+    tokenizer.json config.json catalog.json fallbacks.json constraints.json
+    reference.json              one seeded line per archetype and state, as the Python runtime
+                                generated it (``flashnpc bundle verify`` regenerates and compares)
+
+Everything is written into a temporary sibling of the destination and renamed into place at
+the end, so a failure leaves nothing half-written; an existing destination is refused unless
+``force``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import io
+import json
+import logging
+import os
+import shutil
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runtime.bundle import BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, BundleError, sha256_file
+
+TARGETS = {"arm": "arm", "x86": "amd64"}  # --target -> the converter's target_platform
+MAX_BUNDLE_BYTES = 8_000_000
+MODEL_FILE = "model.ort"
+OPERATORS_FILE = "required_operators.config"
+SOURCE_MODEL = "model.int4.onnx"
+
+
+class BundleExportError(BundleError):
+    """An export that cannot be done: the message says which input or option is wrong."""
+
+
+@dataclass
+class ExportedBundle:
+    """What :func:`export_bundle` wrote: ``path`` (directory or zip), per-file sizes, totals."""
+
+    path: Path
+    manifest: dict[str, Any]
+    total_bytes: int      # the bundle's files, manifest included
+    zip_bytes: int | None  # the archive's size when written as a zip
+
+
+def export_bundle(model_dir: str | Path, out: str | Path, *, target: str = "arm",
+                  zip_output: bool = False, force: bool = False, model_id: str | None = None,
+                  max_bytes: int = MAX_BUNDLE_BYTES) -> ExportedBundle:
+    """Write the bundle of ``model_dir`` to ``out`` (a directory, or with ``zip_output`` a zip
+    file: ``.zip`` is appended to ``out`` when missing). ``target``: ``arm`` (phones, Apple
+    silicon) or ``x86`` (x86-64 desktops). Raises :class:`BundleExportError`.
+    """
+    if target not in TARGETS:
+        raise BundleExportError(f"unknown target {target!r}; known: {', '.join(TARGETS)}")
+    src = Path(model_dir)
+    for name in (SOURCE_MODEL, "config.json", "tokenizer.json"):
+        if not (src / name).is_file():
+            raise BundleExportError(f"{src / name}: missing (a model directory from `flashnpc export` "
+                                    "is needed)")
+    dest = Path(out)
+    if zip_output and dest.suffix != ".zip":
+        dest = dest.with_name(dest.name + ".zip")
+    if (dest.exists() or dest.is_symlink()) and not force:
+        raise BundleExportError(f"{dest} already exists; pass --force (force=True) to replace it")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    try:
+        stage = staging / "bundle"
+        stage.mkdir()
+        manifest = _build(src, stage, staging / "work", target, model_id or src.resolve().name)
+        total = sum(p.stat().st_size for p in stage.iterdir())
+        zip_bytes = None
+        if zip_output:
+            archive = staging / "bundle.zip"
+            _write_zip(stage, archive, manifest)
+            zip_bytes = archive.stat().st_size
+            final = archive
+        else:
+            final = stage
+        size = zip_bytes if zip_bytes is not None else total
+        if size > max_bytes:
+            raise BundleExportError(f"the bundle would be {size} bytes, over the {max_bytes}-byte "
+                                    f"budget (model.ort is {(stage / MODEL_FILE).stat().st_size} bytes)")
+        _move_into_place(final, dest, staging)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return ExportedBundle(dest, manifest, total, zip_bytes)
+
+
+def _build(src: Path, stage: Path, work: Path, target: str, model_id: str) -> dict[str, Any]:
+    import onnxruntime as ort
+
+    from mobile_export.reference import compare_cases, generate_cases, reference_settings
+    from runtime.onnx_model import FlashOnnx
+
+    operators = _convert(src / SOURCE_MODEL, work, stage, target)
+    for name in ("tokenizer.json", "config.json"):
+        shutil.copyfile(src / name, stage / name)
+    tokenizer_data = json.loads((src / "tokenizer.json").read_text(encoding="utf-8"))
+    if (src / "catalog.json").is_file():
+        shutil.copyfile(src / "catalog.json", stage / "catalog.json")
+    else:
+        _write_json(stage / "catalog.json", tokenizer_data["catalog"])
+    _write_fallbacks(src, stage / "fallbacks.json")
+    _write_constraints(src, stage / "constraints.json")
+
+    # the Python runtime on the source model is the reference the ORT model must reproduce
+    settings = reference_settings()
+    source = FlashOnnx.load(src, file=SOURCE_MODEL)
+    expected = generate_cases(source, settings)
+    (stage / "reference.json").write_text(json.dumps(
+        {"settings": settings, "source": SOURCE_MODEL, "cases": expected}, ensure_ascii=False) + "\n")
+    bundled = FlashOnnx._open(stage, MODEL_FILE, _ort_options())
+    mismatches = compare_cases(expected, generate_cases(bundled, settings))
+    if mismatches:
+        raise BundleExportError(f"the ORT model for target {target} does not reproduce the Python "
+                                f"runtime's tokens: {'; '.join(mismatches[:5])}")
+
+    config = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    tok = source.tokenizer
+    assert tok is not None
+    n_layer, n_head = int(config["n_layer"]), int(config["n_head"])
+    manifest: dict[str, Any] = {
+        "format": BUNDLE_FORMAT,
+        "format_version": BUNDLE_VERSION,
+        "model": {
+            "id": model_id,
+            "version": "sha256:" + sha256_file(src / SOURCE_MODEL)[:16],
+            "file": MODEL_FILE,
+            "format": "ort",
+            "target": target,
+            "optimization": {"style": "Fixed", "level": "all", "target_platform": TARGETS[target]},
+            "source": SOURCE_MODEL,
+            "config": config,
+        },
+        "created_at": dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
+        "files": [],
+        "vocab_size": tok.vocab_size,
+        "tokenizer": {
+            "file": "tokenizer.json", "format": tokenizer_data.get("format"),
+            "version": tokenizer_data.get("version"), "n_control": tok.n_control,
+            "byte_offset": tok.byte_offset, "pad_id": tok.pad_id, "bos_id": tok.bos_id,
+            "eos_id": tok.eos_id, "line_id": tok.line_id,
+            "slot_ids": {s: tok.id_of(f"<slot:{s}>") for s in tok.catalog["slots"]},
+            "controls": list(tok.controls), "spec": "docs/mobile.md#tokenizer (and docs/tokenizer.md)",
+        },
+        "prompt": {
+            "layout": "<bos> <arch:A> <persona:P>... <state:S> <intent:I> <ctx:slot=value>... <line>",
+            "persona_order": "sorted by name, duplicates dropped",
+            "context_order": "catalog slot order; slots may be omitted",
+            "prefix_len": "3 + number of persona traits (bos, arch, persona..., state): cacheable",
+            "stop": "<eos>", "max_positions": int(config["block_size"]),
+            "slot_markers": "a slot token in the output decodes to {player}, {location}, {item}",
+        },
+        "inputs": _tensors(bundled.session.get_inputs()),
+        "outputs": _tensors(bundled.session.get_outputs()),
+        "kv_cache": {
+            "n_layer": n_layer, "n_head": n_head, "head_dim": int(config["n_embd"]) // n_head,
+            "dtype": "float32", "layout": "[batch, n_head, past_len, head_dim]",
+            "inputs": [f"past_{k}_{i}" for i in range(n_layer) for k in ("key", "value")],
+            "outputs": [f"present_{k}_{i}" for i in range(n_layer) for k in ("key", "value")],
+            "first_step": "past tensors of shape [batch, n_head, 0, head_dim]",
+            "next_step": "present_* of this step is past_* of the next (length past_len + new)",
+        },
+        "sampling": {"temperature": 0.8, "top_p": 0.95, "top_k": 0, "max_tokens": 32},
+        "onnxruntime": {
+            "built_with": ort.__version__, "tested_with": ort.__version__,
+            "session_options": {"session.load_model_format": "ORT",
+                                "graph_optimization_level": "ORT_DISABLE_ALL (already applied)",
+                                "intra_op_num_threads": 1, "session.intra_op.allow_spinning": "0"},
+            "required_operators_config": OPERATORS_FILE,
+        },
+        "operators": operators,
+        "reference": {"file": "reference.json", "cases": len(expected), **settings},
+    }
+    for path in sorted(stage.iterdir()):
+        manifest["files"].append({"path": path.name, "size": path.stat().st_size,
+                                  "sha256": sha256_file(path)})
+    _write_json(stage / MANIFEST, manifest)
+    return manifest
+
+
+def _ort_options() -> Any:
+    from runtime.onnx_model import ort_session_options
+
+    return ort_session_options(1)
+
+
+def _convert(model: Path, work: Path, stage: Path, target: str) -> list[str]:
+    """ORT-format conversion with onnxruntime's own tool; returns the operator list."""
+    import onnxruntime as ort
+    from onnxruntime.tools.convert_onnx_models_to_ort import (
+        OptimizationStyle,
+        convert_onnx_models_to_ort,
+    )
+
+    work.mkdir(parents=True)
+    shutil.copyfile(model, work / "model.onnx")
+    out = work / "ort"
+    ort.set_default_logger_severity(3)  # the converter's NCHWc note for x86 is expected
+    tool_log = logging.getLogger("ort_format_model.utils")
+    tool_log.setLevel(logging.WARNING)  # it logs the temporary config path at INFO
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            convert_onnx_models_to_ort(work / "model.onnx", out, optimization_styles=[OptimizationStyle.Fixed],
+                                       target_platform=TARGETS[target])
+    except Exception as exc:
+        raise BundleExportError(f"{model}: onnxruntime could not convert it to ORT format "
+                                f"({type(exc).__name__}: {exc})") from exc
+    finally:
+        ort.set_default_logger_severity(2)
+    shutil.copyfile(out / "model.ort", stage / MODEL_FILE)
+    lines = [ln.strip() for ln in (out / "model.required_operators.config").read_text().splitlines()]
+    entries = [ln for ln in lines if ln and not ln.startswith("#")]
+    # the tool's header names our temporary paths; write a stable one instead
+    (stage / OPERATORS_FILE).write_text(
+        f"# operators model.ort needs (onnxruntime {ort.__version__}, target {target}); pass to an\n"
+        "# onnxruntime reduced/minimal build: --include_ops_by_config required_operators.config\n"
+        + "\n".join(entries) + "\n")
+    operators = []
+    for entry in entries:
+        domain, opset, ops = entry.split(";")
+        operators += [f"{domain};{opset};{op}" for op in ops.split(",")]
+    return operators
+
+
+def _tensors(args: list[Any]) -> list[dict[str, Any]]:
+    return [{"name": a.name, "dtype": a.type.removeprefix("tensor(").removesuffix(")"),
+             "shape": [d if d is not None else "?" for d in a.shape]} for a in args]
+
+
+def _write_fallbacks(src: Path, dest: Path) -> None:
+    if (src / "fallbacks.json").is_file():
+        shutil.copyfile(src / "fallbacks.json", dest)
+        return
+    from runtime.linebook import load_line_book
+
+    table: dict[str, dict[str, list[str]]] = {}
+    for (arch, state), lines in sorted(load_line_book().fallback_lines().items()):
+        table.setdefault(arch, {})[state] = list(lines)
+    _write_json(dest, table)
+
+
+def _write_constraints(src: Path, dest: Path) -> None:
+    """constraints.json, so loading the bundle never needs the line book."""
+    from runtime.constraints import read_constraints
+
+    banned, rules = read_constraints(src)
+    _write_json(dest, {"banned_words": banned, "slots": list(rules.slots), "slot_rules": {
+        kind: {name: sorted(slots) for name, slots in getattr(rules, kind).items()}
+        for kind in ("archetype", "state", "intent")}})
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _write_zip(stage: Path, archive: Path, manifest: dict[str, Any]) -> None:
+    """Files at the archive root; fixed timestamps so the same bundle zips to the same bytes."""
+    with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as zf:
+        for name in [MANIFEST, *(e["path"] for e in manifest["files"])]:
+            info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            zf.writestr(info, (stage / name).read_bytes())
+
+
+def _move_into_place(final: Path, dest: Path, staging: Path) -> None:
+    """Rename ``final`` onto ``dest``; an existing ``dest`` (``force``) is moved aside first and
+    deleted only after the new one is in place."""
+    old = None
+    if dest.exists() or dest.is_symlink():
+        old = staging / "previous"
+        os.replace(dest, old)
+    try:
+        os.replace(final, dest)
+    except OSError:
+        if old is not None:
+            os.replace(old, dest)
+        raise
+
+
+__all__ = ["MAX_BUNDLE_BYTES", "TARGETS", "BundleExportError", "ExportedBundle", "export_bundle"]

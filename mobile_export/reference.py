@@ -1,0 +1,71 @@
+"""Reference generations: one seeded line per archetype and state, as token ids.
+
+The exporter records them from the Python runtime (:class:`runtime.onnx_model.FlashOnnx` on
+the source INT4 model) in the bundle's ``reference.json``; ``flashnpc bundle verify``
+regenerates them from the bundle's ORT model in a fresh process and compares. Imports only
+the runtime's onnxruntime decoder (no torch, no training code).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from runtime.onnx_model import FlashOnnx
+
+SEED = 20261130
+INTENT = "approach"
+MAX_TOKENS = 16
+TEMPERATURE = 0.8
+TOP_P = 0.95
+
+
+def reference_settings() -> dict[str, Any]:
+    """The sampling settings reference lines use (stored in ``reference.json``)."""
+    return {"seed": SEED, "intent": INTENT, "max_tokens": MAX_TOKENS, "temperature": TEMPERATURE,
+            "top_p": TOP_P, "seed_rule": "seed + index, index = a * n_states + s"}
+
+
+def generate_cases(model: FlashOnnx, settings: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """One case per (archetype, state) in catalog order: prompt ids, generated ids and text.
+
+    Case ``index = a * n_states + s`` is sampled with seed ``settings["seed"] + index``.
+    """
+    s = dict(settings or reference_settings())
+    tok = model.tokenizer
+    if tok is None:
+        raise ValueError("the model has no tokenizer")
+    states = tok.catalog["states"]
+    cases = []
+    for a, arch in enumerate(tok.catalog["archetypes"]):
+        for j, state in enumerate(states):
+            index = a * len(states) + j
+            prompt, _ = tok.encode_prompt(arch, (), state, s["intent"], {})
+            ids = model.generate_ids(prompt, max_tokens=int(s["max_tokens"]),
+                                     temperature=float(s["temperature"]), top_p=float(s["top_p"]),
+                                     seed=int(s["seed"]) + index)
+            cases.append({"archetype": arch, "state": state, "seed": int(s["seed"]) + index,
+                          "prompt_ids": prompt, "ids": ids, "text": tok.decode(ids)})
+    return cases
+
+
+def compare_cases(expected: list[Mapping[str, Any]], got: list[Mapping[str, Any]]) -> list[str]:
+    """One message per case whose ids differ (or that one side lacks); empty when all match."""
+    problems: list[str] = []
+    want = {(c["archetype"], c["state"]): c for c in expected}
+    have = {(c["archetype"], c["state"]): c for c in got}
+    for key in sorted(set(want) | set(have)):
+        if key not in want:
+            problems.append(f"{key[0]}/{key[1]}: no reference line recorded")
+        elif key not in have:
+            problems.append(f"{key[0]}/{key[1]}: not generated")
+        elif list(want[key]["ids"]) != list(have[key]["ids"]):
+            w, h = list(want[key]["ids"]), list(have[key]["ids"])
+            at = next((i for i, (x, y) in enumerate(zip(w, h)) if x != y), min(len(w), len(h)))
+            problems.append(f"{key[0]}/{key[1]} (seed {want[key]['seed']}): tokens differ from "
+                            f"position {at}: expected {w[at:at + 4]}..., got {h[at:at + 4]}...")
+    return problems
+
+
+__all__ = ["INTENT", "MAX_TOKENS", "SEED", "compare_cases", "generate_cases", "reference_settings"]
