@@ -1,0 +1,271 @@
+"""The asyncio layer: WebSocket game protocol plus an HTTP side port, over :class:`SyncCore`.
+
+Per connection: the first frame must be a ``hello`` with a valid token (within
+``hello_timeout_s``); every inbound frame is size-limited (``max_frame``, default 4 KiB,
+enforced by websockets with close code 1009), rate-limited (token bucket) and
+schema-validated; a violation gets an ``error`` frame and a close whose reason is the
+error code. Outbound frames go straight into the socket's write buffer once per tick; a
+client whose unsent backlog exceeds ``max_outbound_bytes`` is disconnected with
+``slow_consumer`` instead of growing server memory.
+
+HTTP (aiohttp, ``http_port``): ``/health`` (``ready`` or ``degraded`` with reasons),
+``/metrics`` (Prometheus text format), and with an ``admin_token`` the load-test hooks
+``/admin/stats``, ``/admin/areas`` and ``POST /admin/freeze`` (header
+``Authorization: Bearer <admin_token>``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from websockets.asyncio.connection import broadcast
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+
+from .auth import verify_token
+from .core import Session, SyncCore
+from .persistence import Store
+from .protocol import ProtocolError, decode_client, encode
+from .world import SyncWorld
+
+__all__ = ["ServerConfig", "SyncServer"]
+
+log = logging.getLogger("flashnpc.server_sync")
+
+
+@dataclass
+class ServerConfig:
+    secret: bytes
+    host: str = "127.0.0.1"
+    port: int = 8765
+    http_port: int | None = 8766  # None: no HTTP side port
+    tick_hz: float = 20.0
+    radius: float = 100.0
+    ring_size: int = 64
+    grace_s: float = 30.0
+    max_frame: int = 4096
+    rate_per_s: float = 20.0
+    rate_burst: float = 40.0
+    max_outbound_bytes: int = 256 * 1024
+    hello_timeout_s: float = 5.0
+    snapshot_every_s: float = 10.0
+    admin_token: str | None = None
+
+
+class _Bucket:
+    __slots__ = ("last", "tokens")
+
+    def __init__(self, burst: float, now: float) -> None:
+        self.tokens = burst
+        self.last = now
+
+
+class SyncServer:
+    """Serve ``world`` per ``config``; ``store`` adds persistence (and recovery)."""
+
+    def __init__(self, world: SyncWorld, config: ServerConfig, store: Store | None = None) -> None:
+        self.config = config
+        self.core = SyncCore(world, radius=config.radius, ring_size=config.ring_size,
+                             grace_s=config.grace_s, store=store,
+                             snapshot_every_s=config.snapshot_every_s)
+        self.store = store
+        self.conns: dict[str, ServerConnection] = {}
+        self.errors: Counter[str] = Counter()
+        self.bytes_out = 0
+        self.frames_out = 0
+        self.connections_total = 0
+        self.tick_seconds = 0.0  # duration of the last tick
+        self.tick_overruns = 0
+        self.started_at = time.time()
+        self._closing: set[ServerConnection] = set()
+        self._ws_server: Any = None
+        self._http_runner: Any = None
+        self._tick_task: asyncio.Task[None] | None = None
+        self.port: int | None = None
+        self.http_port: int | None = None
+
+    # ---- lifecycle -----------------------------------------------------------------------
+    async def start(self) -> None:
+        c = self.config
+        self._ws_server = await serve(self._handler, c.host, c.port, max_size=c.max_frame,
+                                      compression=None, max_queue=64, ping_interval=20,
+                                      ping_timeout=20, close_timeout=2)
+        self.port = self._ws_server.sockets[0].getsockname()[1]
+        if c.http_port is not None:
+            from .http import start_http
+            self._http_runner, self.http_port = await start_http(self, c.host, c.http_port)
+        self._tick_task = asyncio.get_running_loop().create_task(self._tick_loop())
+
+    async def stop(self) -> None:
+        if self._tick_task is not None:
+            self._tick_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._tick_task
+        if self._ws_server is not None:
+            for ws in list(self.conns.values()):
+                with contextlib.suppress(Exception):
+                    await ws.send(encode({"t": "bye", "reason": "server_shutdown"},
+                                         self._codec_of(ws)))
+            self._ws_server.close()
+            await self._ws_server.wait_closed()
+        if self._http_runner is not None:
+            await self._http_runner.cleanup()
+        if self.store is not None:
+            self.store.close()
+
+    async def __aenter__(self) -> SyncServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def _codec_of(self, ws: ServerConnection) -> Any:
+        s = getattr(ws, "flashnpc_session", None)
+        return s.codec if s is not None else "json"
+
+    # ---- health --------------------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        reasons = []
+        period = 1.0 / self.config.tick_hz
+        if self._tick_task is None or self._tick_task.done():
+            reasons.append("tick loop not running")
+        if self.tick_seconds > period:
+            reasons.append(f"last tick took {self.tick_seconds * 1000:.0f} ms "
+                           f"(budget {period * 1000:.0f} ms)")
+        return {"status": "degraded" if reasons else "ready", "reasons": reasons,
+                "clients": len(self.conns), "sessions": len(self.core.sessions),
+                "epoch": self.core.epoch}
+
+    # ---- ticking -------------------------------------------------------------------------
+    async def _tick_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        period = 1.0 / self.config.tick_hz
+        next_at = loop.time()
+        last = time.time()
+        while True:
+            next_at += period
+            delay = next_at - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                self.tick_overruns += 1
+                next_at = loop.time()  # fell behind: do not burst to catch up
+                await asyncio.sleep(0)
+            t0 = time.perf_counter()
+            now = time.time()
+            dt, last = min(now - last, 0.25), now
+            try:
+                out = self.core.tick(dt, now)
+            except Exception:
+                log.exception("tick failed")
+                self.errors["tick_failed"] += 1
+                continue
+            for s in out:
+                self._flush(s)
+            self.tick_seconds = time.perf_counter() - t0
+
+    def _flush(self, s: Session) -> None:
+        ws = self.conns.get(s.player_id)
+        frames, s.outbox = s.outbox, []
+        if ws is None or ws in self._closing:
+            return
+        transport = ws.transport
+        if transport is None or transport.get_write_buffer_size() > self.config.max_outbound_bytes:
+            self._kick(ws, "slow_consumer",
+                       f"more than {self.config.max_outbound_bytes} bytes unsent")
+            return
+        for f in frames:
+            broadcast((ws,), f)
+            self.bytes_out += len(f)
+        self.frames_out += len(frames)
+
+    def _kick(self, ws: ServerConnection, code: str, reason: str) -> None:
+        """Disconnect without awaiting (from the tick loop)."""
+        self.errors[code] += 1
+        self._closing.add(ws)
+
+        async def close() -> None:
+            try:
+                await ws.close(1008, f"{code}: {reason}"[:120])
+            finally:
+                self._closing.discard(ws)
+
+        asyncio.get_running_loop().create_task(close())
+
+    # ---- connections ---------------------------------------------------------------------
+    async def _refuse(self, ws: ServerConnection, err: ProtocolError, codec: Any) -> None:
+        self.errors[err.code] += 1
+        with contextlib.suppress(ConnectionClosed):
+            await ws.send(encode({"t": "error", "code": err.code, "reason": err.reason[:800]},
+                                 codec))
+            await ws.close(1008, f"{err.code}: {err.reason}"[:120])
+
+    async def _handler(self, ws: ServerConnection) -> None:
+        c = self.config
+        self.connections_total += 1
+        codec: Any = "json"
+        try:
+            frame = await asyncio.wait_for(ws.recv(), c.hello_timeout_s)
+        except asyncio.TimeoutError:
+            await self._refuse(ws, ProtocolError("not_authenticated",
+                                                 "no hello within the timeout"), codec)
+            return
+        except ConnectionClosed as exc:
+            self._count_close(exc)
+            return
+        try:
+            msg, codec = decode_client(frame)
+            if msg["t"] != "hello":
+                raise ProtocolError("not_authenticated", f"first message must be hello, "
+                                                         f"got {msg['t']}")
+            player = verify_token(c.secret, msg["token"])
+            old = self.conns.get(player)
+            if old is not None:
+                self.conns.pop(player)
+                await self._refuse(old, ProtocolError("replaced", "player connected again"),
+                                   self._codec_of(old))
+            s = self.core.hello(player, msg, codec)
+        except ProtocolError as err:
+            await self._refuse(ws, err, codec)
+            return
+        ws.flashnpc_session = s  # type: ignore[attr-defined]
+        self.conns[player] = ws
+        self._flush(s)
+        bucket = _Bucket(c.rate_burst, time.monotonic())
+        try:
+            async for frame in ws:
+                now = time.monotonic()
+                bucket.tokens = min(c.rate_burst, bucket.tokens + (now - bucket.last) * c.rate_per_s)
+                bucket.last = now
+                if bucket.tokens < 1.0:
+                    raise ProtocolError("rate_limited", f"more than {c.rate_per_s:g} messages/s "
+                                                        f"(burst {c.rate_burst:g})")
+                bucket.tokens -= 1.0
+                msg, _ = decode_client(frame)
+                if msg["t"] == "bye":
+                    self.core.drop(s)
+                    await ws.close(1000, "bye")
+                    return
+                self.core.receive(s, msg)
+                if s.outbox:
+                    self._flush(s)
+        except ProtocolError as err:
+            await self._refuse(ws, err, codec)
+        except ConnectionClosed as exc:
+            self._count_close(exc)
+        finally:
+            if self.conns.get(player) is ws:
+                del self.conns[player]
+                if self.core.sessions.get(player) is s:
+                    self.core.detach(s, time.time())
+
+    def _count_close(self, exc: ConnectionClosed) -> None:
+        if exc.sent is not None and exc.sent.code == 1009:
+            self.errors["too_big"] += 1
