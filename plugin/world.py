@@ -513,9 +513,9 @@ class World:
 
         Order within a frame: players entering or leaving approach radii are found (written to
         the NPCs' blackboards); trees that are due tick (their writes become
-        :class:`StateChanged` events); queued line requests whose NPC has ticked since go to
-        the engine (up to ``max_in_flight``); lines that finished are
-        delivered, stale ones are dropped or regenerated (docs/plugin.md). Only in
+        :class:`StateChanged` events); lines that finished are delivered, stale ones dropped
+        or regenerated (docs/plugin.md); queued line requests whose NPC has ticked since go
+        to the engine (up to ``max_in_flight``). Only in
         deterministic mode does this wait for the model.
         """
         if isinstance(dt, bool) or not isinstance(dt, (int, float)) or not math.isfinite(dt) or dt < 0:
@@ -524,8 +524,10 @@ class World:
         self.frame += 1
         self._proximity()
         self.scheduler.update(self.time)
+        self._collect()  # first, so that finished lines free their slots for this frame's sends
         self._send()
-        self._collect()
+        if self.deterministic:
+            self._collect()  # lines generated just now, synchronously
         events, self._events = self._events, []
         if self._callbacks:
             for event in events:
