@@ -379,11 +379,13 @@ class SyncCore:
 
     # ---- inspection ----------------------------------------------------------------------
     def area_of(self, player_id: str) -> dict[str, Any]:
-        """What the client of ``player_id`` should hold: {seq, npcs: {id: {pos, state}}}."""
+        """What the client of ``player_id`` should hold: {seq, npcs: {id: {pos, state}}},
+        plus ``player_pos``, where the server has the player."""
         s = self.sessions[player_id]
         w = self.world
-        return {"seq": s.seq, "npcs": {n: {"pos": list(w.npc_position(n)),
-                                           "state": w.npc_state(n)} for n in s.sent}}
+        return {"seq": s.seq, "player_pos": list(self.players.position(player_id)),
+                "npcs": {n: {"pos": list(w.npc_position(n)), "state": w.npc_state(n)}
+                         for n in s.sent}}
 
     def areas(self, players: Iterable[str] | None = None) -> dict[str, Any]:
         ids = self.sessions.keys() if players is None else players

@@ -1,0 +1,55 @@
+"""``flashnpc loadtest sync``: load-test the sync server on loopback (see server_sync.loadtest).
+
+    flashnpc loadtest sync --clients 5000 --duration 60 --churn 0.2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from .loadtest import LoadConfig
+
+    d = LoadConfig()
+    parser.add_argument("target", choices=["sync"], help="what to load-test")
+    parser.add_argument("--clients", type=int, default=d.clients)
+    parser.add_argument("--duration", type=float, default=d.duration, help="seconds measured")
+    parser.add_argument("--churn", type=float, default=d.churn,
+                        help="share of clients that drop and resume during the run")
+    parser.add_argument("--npcs", type=int, default=d.npcs)
+    parser.add_argument("--changes", type=float, default=d.changes,
+                        help="NPC state changes per second, world-wide")
+    parser.add_argument("--size", type=float, default=d.size, help="map side")
+    parser.add_argument("--radius", type=float, default=d.radius, help="interest radius")
+    parser.add_argument("--tick-hz", type=float, default=d.tick_hz)
+    parser.add_argument("--procs", type=int, default=d.procs, help="client worker processes")
+    parser.add_argument("--move-hz", type=float, default=d.move_hz,
+                        help="move intents per client per second")
+    parser.add_argument("--connect-rate", type=float, default=d.connect_rate,
+                        help="new connections per second during the ramp")
+    parser.add_argument("--codec", choices=["msgpack", "json"], default=d.codec)
+    parser.add_argument("--no-db", action="store_true", help="run the server without SQLite")
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--out", default=d.out, help="directory for report.json and plot.png")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .loadtest import LoadConfig, run_loadtest
+
+    if not 0.0 <= args.churn <= 1.0 or args.clients < 1 or args.procs < 1:
+        print("flashnpc loadtest: need --clients >= 1, --procs >= 1 and 0 <= --churn <= 1")
+        return 2
+    cfg = LoadConfig(clients=args.clients, duration=args.duration, churn=args.churn,
+                     npcs=args.npcs, changes=args.changes, size=args.size, radius=args.radius,
+                     tick_hz=args.tick_hz, procs=args.procs, move_hz=args.move_hz,
+                     connect_rate=args.connect_rate, codec=args.codec, db=not args.no_db,
+                     seed=args.seed, out=args.out)
+    report = run_loadtest(cfg)
+    summary = {k: v for k, v in report.items() if k not in ("timeline", "config")}
+    print(json.dumps(summary, indent=2))
+    print(f"report: {cfg.out}/report.json  plot: {cfg.out}/plot.png")
+    return 0 if report["zero_lost_updates"] else 1

@@ -1,0 +1,122 @@
+"""``flashnpc serve``: run the authoritative world server.
+
+    FLASHNPC_SECRET=... flashnpc serve --world examples/village --db world.sqlite
+    FLASHNPC_SECRET=... flashnpc serve --issue-token alice     # print a token and exit
+
+``--world`` is a directory of village trees (served with ``plugin.World``, trees only) or
+``sim:NPCS[:CHANGES_PER_S[:SIZE]]``, the seeded load-test village of
+:func:`server_sync.world.sim_world`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+__all__ = ["add_arguments", "build_world", "run"]
+
+ADMIN_TOKEN_ENV = "FLASHNPC_ADMIN_TOKEN"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (default 127.0.0.1; 0.0.0.0 exposes the server)")
+    parser.add_argument("--port", type=int, default=8765, help="WebSocket port (default 8765)")
+    parser.add_argument("--http-port", type=int, default=8766,
+                        help="HTTP port for /health and /metrics (default 8766; -1: none)")
+    parser.add_argument("--world", default="examples/village",
+                        help="village tree directory, or sim:NPCS[:CHANGES_PER_S[:SIZE]]")
+    parser.add_argument("--npcs", type=int, default=10, help="villagers for a directory world")
+    parser.add_argument("--db", default=None,
+                        help="SQLite file for snapshots + journal (recovered on start)")
+    parser.add_argument("--tick-hz", type=float, default=20.0, help="server tick rate")
+    parser.add_argument("--radius", type=float, default=100.0, help="interest radius")
+    parser.add_argument("--ring", type=int, default=64, help="deltas kept per client for resume")
+    parser.add_argument("--grace", type=float, default=30.0,
+                        help="seconds a disconnected client's session waits for a resume")
+    parser.add_argument("--max-frame", type=int, default=4096, help="inbound frame limit (bytes)")
+    parser.add_argument("--rate", type=float, default=20.0, help="inbound messages/s per client")
+    parser.add_argument("--max-outbound", type=int, default=256 * 1024,
+                        help="unsent bytes per client before it is dropped as too slow")
+    parser.add_argument("--snapshot-every", type=float, default=10.0,
+                        help="seconds between world snapshots in --db")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--issue-token", metavar="PLAYER", default=None,
+                        help="print a token for PLAYER (signed with $FLASHNPC_SECRET) and exit")
+    parser.add_argument("--ttl", type=float, default=3600.0, help="token lifetime (seconds)")
+    parser.add_argument("--ready-file", default=None,
+                        help="write 'PORT HTTP_PORT' here once listening (for scripts)")
+
+
+def build_world(spec: str, *, npcs: int = 10, seed: int = 0) -> Any:
+    """The world named by ``--world`` (see the module docstring)."""
+    if spec.startswith("sim"):
+        from .world import sim_world
+
+        parts = spec.split(":")[1:]
+        try:
+            n = int(parts[0]) if parts else 200
+            rate = float(parts[1]) if len(parts) > 1 else 100.0
+            size = float(parts[2]) if len(parts) > 2 else 1000.0
+        except ValueError:
+            raise ValueError(f"--world {spec}: expected sim:NPCS[:CHANGES_PER_S[:SIZE]]") from None
+        return sim_world(n, changes_per_s=rate, size=size, seed=seed)
+    from .plugin_world import village_world
+
+    return village_world(spec, npcs, seed=seed)
+
+
+async def _serve(args: argparse.Namespace, secret: bytes) -> None:
+    from .persistence import Store
+    from .server import ServerConfig, SyncServer
+
+    world = build_world(args.world, npcs=args.npcs, seed=args.seed)
+    store = Store(args.db) if args.db else None
+    config = ServerConfig(
+        secret=secret, host=args.host, port=args.port,
+        http_port=None if args.http_port < 0 else args.http_port, tick_hz=args.tick_hz,
+        radius=args.radius, ring_size=args.ring, grace_s=args.grace, max_frame=args.max_frame,
+        rate_per_s=args.rate, rate_burst=2 * args.rate, max_outbound_bytes=args.max_outbound,
+        snapshot_every_s=args.snapshot_every,
+        admin_token=os.environ.get(ADMIN_TOKEN_ENV) or None)
+    server = SyncServer(world, config, store)
+    await server.start()
+    print(f"flashnpc serve: ws://{args.host}:{server.port}  http://{args.host}:{server.http_port}"
+          f"  epoch {server.core.epoch}", flush=True)
+    if args.ready_file:
+        with open(args.ready_file + ".tmp", "w") as f:
+            f.write(f"{server.port} {server.http_port}\n")
+        os.replace(args.ready_file + ".tmp", args.ready_file)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop()
+
+
+def run(args: argparse.Namespace) -> int:
+    from .auth import issue_token, secret_from_env
+
+    try:
+        secret = secret_from_env()
+    except ValueError as exc:
+        print(f"flashnpc serve: {exc}", file=sys.stderr)
+        return 2
+    if args.issue_token:
+        print(issue_token(secret, args.issue_token, ttl_s=args.ttl))
+        return 0
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        asyncio.run(_serve(args, secret))
+    except (ValueError, FileNotFoundError, OSError) as exc:
+        print(f"flashnpc serve: {exc}", file=sys.stderr)
+        return 1
+    return 0
