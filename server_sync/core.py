@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .interest import SpatialGrid
-from .persistence import POS_KEY, IntentRecord, Store
+from .persistence import PLAYER_KEY, POS_KEY, IntentRecord, Store
 from .protocol import PROTOCOL_VERSION, Codec, ProtocolError, encode
 from .world import Pos, SyncWorld
 
@@ -141,6 +141,12 @@ class SyncCore:
         if rec.snapshot is not None:
             self.world.load(rec.snapshot)
         for npc_id, key, value in rec.changes:
+            if key == PLAYER_KEY:
+                if value is None:
+                    self.world.remove_player(npc_id)
+                else:
+                    self.world.set_player(npc_id, (value[0], value[1]))
+                continue
             if key == POS_KEY:
                 self.npcs.place(npc_id, (value[0], value[1]))
             self.world.apply_state(npc_id, key, value)
@@ -242,11 +248,13 @@ class SyncCore:
             self.subs[n].discard(s)
         self.players.remove(s.player_id)
         self.world.remove_player(s.player_id)
+        self._changes.append((s.player_id, PLAYER_KEY, None))
         self._dirty.discard(s)
         self._recompute.discard(s)
 
     # ---- interest ------------------------------------------------------------------------
     def _place_player(self, s: Session, pos: Pos) -> None:
+        self._changes.append((s.player_id, PLAYER_KEY, [pos[0], pos[1]]))
         self.players.place(s.player_id, pos)
         self.world.set_player(s.player_id, pos)
         self._recompute.add(s)
@@ -281,6 +289,7 @@ class SyncCore:
                 self._place_player(s, (float(pos[0]), float(pos[1])))
             else:
                 self.world.set_player(player_id, (float(pos[0]), float(pos[1])))
+                self._changes.append((player_id, PLAYER_KEY, [float(pos[0]), float(pos[1])]))
         talk = body.get("talk")
         if talk is not None:
             self.world.talk(talk["npc"], player_id, talk["intent"])
@@ -307,7 +316,7 @@ class SyncCore:
                 self._update_area(s)
         self._recompute.clear()
         changes, self._changes = self._changes, []
-        self.changes_total += sum(1 for c in changes if c[1] != POS_KEY)
+        self.changes_total += sum(1 for c in changes if c[1][0] != "@")
         if self.store is not None and (intents or changes):
             self.store.commit_tick(
                 (IntentRecord(s.player_id, m["cseq"], {k: v for k, v in m.items()

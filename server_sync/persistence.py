@@ -24,14 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["IntentRecord", "Recovery", "Store"]
+__all__ = ["PLAYER_KEY", "POS_KEY", "IntentRecord", "Recovery", "Store"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS snapshots (id INTEGER PRIMARY KEY, created REAL NOT NULL,
     change_upto INTEGER NOT NULL, data TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS intents (id INTEGER PRIMARY KEY, player TEXT NOT NULL,
     cseq INTEGER NOT NULL, body TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS changes (id INTEGER PRIMARY KEY, npc TEXT NOT NULL,
+CREATE TABLE IF NOT EXISTS changes (id INTEGER PRIMARY KEY AUTOINCREMENT, npc TEXT NOT NULL,
     key TEXT NOT NULL, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS players (player TEXT PRIMARY KEY, cseq INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -39,6 +39,9 @@ CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 
 #: ``key`` used in the changes journal for an NPC position (value: [x, y])
 POS_KEY = "@pos"
+#: ``key`` used in the changes journal for a player position (``npc`` holds the player id;
+#: value: [x, y], or None when the player left)
+PLAYER_KEY = "@player"
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,10 @@ class Store:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute(f"PRAGMA synchronous={synchronous}")
         self.db.executescript(_SCHEMA)
-        self._last_intent_id = self._scalar("SELECT MAX(id) FROM intents") or 0
+        # intent ids keep growing across snapshots (which delete applied intents)
+        self._last_intent_id = max(
+            self._scalar("SELECT MAX(id) FROM intents") or 0,
+            self._scalar("SELECT value FROM meta WHERE name = 'applied_upto'") or 0)
 
     def _scalar(self, sql: str, args: tuple[Any, ...] = ()) -> Any:
         row = self.db.execute(sql, args).fetchone()

@@ -1,6 +1,7 @@
 """The wire format: both codecs, and the schema check of every message type."""
 
 import math
+import re
 
 import msgpack
 import pytest
@@ -62,14 +63,14 @@ def test_a_frame_that_is_not_a_map_is_bad_message():
     ({"t": "resync"}, "'seq' must be an integer"),
 ])
 def test_client_messages_failing_the_schema_name_the_field(message, needle):
-    with pytest.raises(ProtocolError, match=needle) as err:
+    with pytest.raises(ProtocolError, match=re.escape(needle)) as err:
         decode_client(encode(message, "msgpack"))
     assert err.value.code == "bad_message"
 
 
 def test_server_messages_are_validated_by_clients():
     bad = dict(DELTA, set={"n3": {"state": ["not", "scalar"]}})
-    with pytest.raises(ProtocolError, match="delta.set"):
+    with pytest.raises(ProtocolError, match=r"delta\.set"):
         validate_server(bad)
     with pytest.raises(ProtocolError, match="'seq' must be >= 1"):
         validate_server(dict(DELTA, seq=0))
