@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
 def run_village(generator: Any, *, seed: int = 0, npcs: int = 10, duration: float = 120.0,
                 fps: float = 10.0, show_states: bool = False, out: TextIO | None = None) -> dict[str, Any]:
     """Run the scripted village and print the transcript and summary to ``out`` (stdout);
-    returns ``world.stats()`` plus ``wall_s`` and ``transcript`` (the Line events)."""
+    returns ``world.stats()`` plus ``wall_s``, ``transcript`` (the Line events), ``world`` and
+    ``generator`` (the engine's stats)."""
     from .events import Line, LineDropped, StateChanged
     from .village import PlayerScript, build_village
     from .world import World
@@ -98,7 +99,7 @@ def run_village(generator: Any, *, seed: int = 0, npcs: int = 10, duration: floa
     gstats = generator.stats()
     _summary(stats, gstats, wall, out)
     world.close()
-    return {**stats, "wall_s": wall, "transcript": transcript, "generator": gstats}
+    return {**stats, "wall_s": wall, "transcript": transcript, "generator": gstats, "world": world}
 
 
 def _fmt(v: float | None, unit: str = "") -> str:

@@ -38,7 +38,8 @@ class Resident:
 # The village, in the order its houses stand along the street; --npcs N takes the first N
 # (cycling with numbered copies past the end).
 ROSTER: tuple[Resident, ...] = (
-    Resident("bram", "Bram", "guard", "guard.xml", ("gruff", "brave"), (("shift", "day"),)),
+    Resident("bram", "Bram", "guard", "guard.xml", ("gruff", "brave"),
+             (("shift", "day"), ("location", "the gate"))),
     Resident("mira", "Mira", "merchant", "merchant.xml", ("cheerful", "greedy"), (("item", "silk"),)),
     Resident("oswin", "Oswin", "innkeeper", "innkeeper.xml", ("kind",), (("location", "the inn"),)),
     Resident("hilda", "Hilda", "blacksmith", "blacksmith.xml", ("proud",), (("item", "sword"),)),
@@ -46,7 +47,8 @@ ROSTER: tuple[Resident, ...] = (
     Resident("elric", "Brother Elric", "priest", "priest.xml", ("pious", "kind")),
     Resident("pip", "Pip", "child", "child.xml", ("curious",)),
     Resident("vex", "Vex", "thief", "thief.xml", ("sly", "nervous")),
-    Resident("gerd", "Gerd", "guard", "guard.xml", ("weary",), (("shift", "night"),)),
+    Resident("gerd", "Gerd", "guard", "guard.xml", ("weary",),
+             (("shift", "night"), ("location", "the barracks"))),
     Resident("sela", "Sela", "merchant", "merchant.xml", ("shy",), (("item", "spice"),)),
 )
 

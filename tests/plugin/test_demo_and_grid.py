@@ -72,3 +72,15 @@ def test_grid_remove_and_bad_cell_size() -> None:
     assert grid.query(0, 0, 5) == [] and len(grid) == 1 and "b" in grid
     with pytest.raises(ValueError, match="cell_size"):
         SpatialHash(math.nan)
+
+
+def test_village_trees_run_a_day_and_night_without_errors(generator: object) -> None:
+    import io
+
+    from plugin.demo_cli import run_village
+
+    result = run_village(generator, seed=1, npcs=10, duration=40.0, out=io.StringIO())
+    world = result["world"]
+    assert {npc.id: npc.tree.errors for npc in world.npcs.values() if npc.tree.errors} == {}
+    states = {e.state for e in result["transcript"]}
+    assert {"alert", "rest"} <= states  # night: guards turn alert at the traveller, others rest
