@@ -23,7 +23,9 @@ from runtime.bundle import open_bundle
 NAME = "flashnpc-client"
 # never needed by the client; excluding them keeps the build small and fast and proves it
 EXCLUDES = ("torch", "torchvision", "onnx", "onnxscript", "matplotlib", "scipy", "pandas", "sympy",
-            "IPython", "tkinter", "PIL", "pytest", "hypothesis", "yaml", "tqdm", "rich",
+            "IPython", "tkinter", "PIL", "pytest", "hypothesis", "yaml", "tqdm", "rich", "requests",
+            "urllib3", "charset_normalizer", "onnxruntime.tools", "onnxruntime.quantization",
+            "onnxruntime.transformers", "onnxruntime.training",
             "runtime.train", "runtime.train_cli", "runtime.model", "runtime.export", "runtime.quant",
             "runtime.linebook", "runtime.evaluate", "runtime.eval_cli", "runtime.batch_generate",
             "mobile_export.bundle", "mobile_export.client", "mobile_export.verify")
