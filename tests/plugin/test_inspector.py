@@ -1,0 +1,89 @@
+"""The web inspector: its JSON endpoints over a running village, and (when Chromium is
+installed) the page rendered headless."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from plugin import World
+from plugin.inspector import make_app
+from plugin.village import PlayerScript, build_village
+
+
+@pytest.fixture
+def village(generator: Any) -> World:
+    world = World(generator, seed=3, deterministic=True)
+    script = PlayerScript(build_village(world, 4), 30.0)
+    t_prev = -1.0
+    for frame in range(120):  # 12 s of day: Aria meets the first villagers
+        t = frame * 0.1
+        list(script.run_beats(world, t_prev, t))
+        t_prev = t
+        script.move(world, t)
+        world.update(0.1)
+    assert world.recent_lines
+    return world
+
+
+async def test_json_endpoints_show_the_running_world(village: World) -> None:
+    async with TestClient(TestServer(make_app(village))) as client:
+        w = await (await client.get("/api/world")).json()
+        assert w["context"]["time_of_day"] == "day" and w["players"][0]["name"] == "Aria"
+        assert w["stats"]["npcs"] == 4
+
+        npcs = await (await client.get("/api/npcs")).json()
+        assert [n["id"] for n in npcs] == ["bram", "mira", "oswin", "hilda"]
+        assert all(n["state"] in ("patrol", "working", "idle", "friendly", "alert") for n in npcs)
+
+        detail = await (await client.get("/api/npcs/bram")).json()
+        nodes = detail["tree"]["nodes"]
+        assert detail["tree"]["main"] == "VillageGuard" and nodes[0]["parent"] is None
+        assert {n["status"] for n in nodes} <= {"IDLE", "RUNNING", "SUCCESS", "FAILURE", "SKIPPED"}
+        assert detail["blackboard"]["shift"] == "day" and detail["mermaid"].startswith("flowchart")
+        village.update(0.5)  # ticks are traced from now on: statuses show what nodes returned
+        detail = await (await client.get("/api/npcs/bram")).json()
+        assert {n["status"] for n in detail["tree"]["nodes"]} - {"IDLE"}
+
+        lines = await (await client.get("/api/lines?limit=2")).json()
+        assert 1 <= len(lines) <= 2 and {"npc_id", "text", "state", "latency_ms", "fallback"} <= set(lines[0])
+
+        metrics = await (await client.get("/api/metrics")).json()
+        assert metrics["world"]["lines"] == len(village.recent_lines)
+        assert metrics["engine"]["lines"] >= metrics["world"]["lines"]
+
+        assert (await client.get("/api/npcs/nobody")).status == 404
+        assert (await client.get("/api/lines?limit=x")).status == 400
+        page = await client.get("/")
+        assert page.status == 200 and "FlashNPC inspector" in await page.text()
+        prom = await client.get("/metrics")
+        assert prom.status == 200
+
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "headless_shell"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+@pytest.mark.skipif(_chromium() is None, reason="headless Chromium is not installed")
+async def test_page_renders_in_headless_chromium(village: World, tmp_path: Path) -> None:
+    server = TestServer(make_app(village))
+    await server.start_server()
+    try:
+        shot = tmp_path / "inspector.png"
+        proc = await asyncio.create_subprocess_exec(
+            _chromium() or "", "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
+            "--window-size=1280,800", "--virtual-time-budget=3000", str(server.make_url("/")),
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+        await asyncio.wait_for(proc.wait(), timeout=60)
+        assert shot.is_file() and shot.stat().st_size > 10_000
+    finally:
+        await server.close()
