@@ -266,7 +266,10 @@ class LineGenerator:
              on_error: str = "raise", warmup: bool = True, **options: Any) -> LineGenerator:
         """Load a model directory (default: the shipped ``runtime/assets/flash/``) and warm it up.
 
-        ``file``: which graph (``model.int4.onnx`` shipped, ``model.onnx`` fp32). ``threads``:
+        ``path`` may also be a mobile bundle from ``flashnpc export mobile`` (a directory with
+        ``manifest.json``, or its zip): it is verified and its ORT-format model loaded (see
+        :mod:`runtime.bundle`). ``file``: which graph (``model.int4.onnx`` shipped,
+        ``model.onnx`` fp32; ignored for a bundle). ``threads``:
         onnxruntime intra-op threads. ``cache_dir``: the prefix cache's disk tier (L2), whose
         fresh entries are preloaded; ``cache_bytes`` the memory tier's budget; ``cache_ttl``
         per-domain TTLs in seconds (``default_ttl`` for the rest). ``on_error="fallback"``: if
@@ -280,6 +283,7 @@ class LineGenerator:
         root = Path(path) if path is not None else DEFAULT_MODEL_DIR
         model: FlashOnnx | None
         try:
+            root, file = _resolve_bundle(root, file)
             model = _load_model(root, file, threads)
         except ModelLoadError:
             if on_error == "raise":
@@ -924,6 +928,19 @@ class LineStream:
 
 
 # --------------------------------------------------------------------------- loading helpers
+
+
+def _resolve_bundle(root: Path, file: str) -> tuple[Path, str]:
+    """A mobile bundle (directory with ``manifest.json``, or its zip) becomes its verified
+    (extracted) directory and the model file its manifest names; a model directory is unchanged."""
+    from runtime.bundle import BundleError, resolve_model_path
+
+    if not root.exists():
+        raise ModelLoadError(f"{root}: no such model directory or bundle")
+    try:
+        return resolve_model_path(root, file)
+    except BundleError as exc:
+        raise ModelLoadError(str(exc)) from exc
 
 
 def _load_model(root: Path, file: str, threads: int) -> FlashOnnx:

@@ -366,3 +366,28 @@ def test_close_answers_queued_requests_with_fallbacks(tiny_model_dir):
     gate.set()
     closer.join(timeout=30)
     assert first.done()
+
+
+@pytest.fixture(scope="module")
+def bundle_zip(tiny_model_dir, tmp_path_factory):
+    from mobile_export.bundle import export_bundle
+
+    return export_bundle(tiny_model_dir, tmp_path_factory.mktemp("bundle") / "flash", target="x86",
+                         zip_output=True).path
+
+
+def test_a_mobile_bundle_loads_like_a_model_directory(tiny_model_dir, bundle_zip):
+    gen = LineGenerator.load(bundle_zip, min_mean_logprob=None)
+    ref = fresh(tiny_model_dir)
+    assert gen.catalog() == ref.catalog() and gen.banned_words == ref.banned_words
+    line = gen.generate("guard", "patrol", seed=3, context={"player": "Aria"})
+    assert isinstance(line, Line) and not line.fallback and line.tokens
+
+
+def test_a_damaged_bundle_raises_naming_it(bundle_zip, tmp_path):
+    bad = tmp_path / "bad.zip"
+    bad.write_bytes(bundle_zip.read_bytes()[:-200])
+    with pytest.raises(ModelLoadError, match=r"bad\.zip"):
+        LineGenerator.load(bad)
+    with pytest.raises(ModelLoadError, match="no such model directory or bundle"):
+        LineGenerator.load(tmp_path / "nowhere")
