@@ -267,6 +267,9 @@ class World:
         for key, value in initial.items():
             if not isinstance(key, str) or not key:
                 raise WorldError(f"{where}: context keys must be non-empty strings, got {key!r}")
+            if key in WORLD_KEYS and key not in _DEFAULT_WORLD_CONTEXT:
+                raise WorldError(f"{where}: {key!r} is written by the world from the players' "
+                                 "positions and talk(); it cannot be set by add_npc")
             self._check_context_value(where, key, value)
         bb_values = {**self._world_entries(), self.state_key: "idle", **initial}
         t = self._make_tree(where, tree, bb_values)
@@ -322,7 +325,7 @@ class World:
             raise WorldError(f"{where}: tree must be XML text, a path, a TreeDefinition or a Tree, "
                              f"got {type(tree).__name__}")
         try:
-            return definition.instantiate(Blackboard.from_dict(values), clock=self._clock)
+            return definition.instantiate(Blackboard.from_dict(dict(values)), clock=self._clock)
         except Exception as exc:  # e.g. a blackboard type clash with the tree's own SetBlackboard
             raise WorldError(f"{where}: cannot instantiate the tree: {exc}") from exc
 

@@ -322,6 +322,7 @@ def assert_unchanged(world: World, npcs: int) -> None:
         (lambda w: w.add_npc("x", "guard", SIMPLE, context={"state": "dancing"}), "state"),
         (lambda w: w.add_npc("x", "guard", SIMPLE, radius=-1), "radius"),
         (lambda w: w.add_npc(None, "guard", SIMPLE), "id must be"),
+        (lambda w: w.add_npc("x", "guard", SIMPLE, context={"player_near": "yes"}), "written by the world"),
     ],
 )
 def test_bad_npc_input_raises_and_adds_nothing(generator: Any, call: Any, message: str) -> None:
