@@ -301,7 +301,7 @@ class LineGenerator:
             log.exception("fallback lines at %s unreadable; using the line book's", fb_path)
             fallbacks = FallbackBook.from_line_book()
         options.setdefault("name", root.name or "flash")
-        fingerprint = _file_fingerprint(root / file) if model is not None else ""
+        fingerprint = _fingerprint(model, root / file) if model is not None else ""
         cache = PrefixCache(max_bytes=cache_bytes, disk_dir=cache_dir, default_ttl=default_ttl,
                             ttl_seconds=cache_ttl, fingerprint=fingerprint)
         gen = cls(model, catalog=catalog, fallbacks=fallbacks, banned_words=banned, slot_rules=rules,
@@ -981,7 +981,12 @@ def _read_catalog(root: Path, model: FlashOnnx | None) -> dict[str, Any]:
     return load_line_book().catalog()
 
 
-def _file_fingerprint(path: Path) -> str:
+def _fingerprint(model: FlashOnnx, path: Path) -> str:
+    """What prefix cache entries are keyed on: a bundle's model version (a content hash, stable
+    across the fresh extraction of a zip at every start), else the model file's size and mtime."""
+    bundle = getattr(model, "bundle", None)
+    if bundle is not None:
+        return f"bundle:{bundle.manifest['model'].get('version', '')}:{bundle.model_file}"
     st = os.stat(path)
     return f"{path.name}:{st.st_size}:{st.st_mtime_ns}"
 

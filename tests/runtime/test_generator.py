@@ -384,6 +384,13 @@ def test_a_mobile_bundle_loads_like_a_model_directory(tiny_model_dir, bundle_zip
     assert isinstance(line, Line) and not line.fallback and line.tokens
 
 
+def test_a_zipped_bundles_prefixes_stay_warm_across_restarts(bundle_zip, tmp_path):
+    first = LineGenerator.load(bundle_zip, cache_dir=tmp_path / "kv")
+    first.generate("child", "idle", seed=1)
+    again = LineGenerator.load(bundle_zip, cache_dir=tmp_path / "kv")  # extracted afresh
+    assert again.generate("child", "idle", seed=1).prefix_cache_hit
+
+
 def test_a_damaged_bundle_raises_naming_it(bundle_zip, tmp_path):
     bad = tmp_path / "bad.zip"
     bad.write_bytes(bundle_zip.read_bytes()[:-200])
