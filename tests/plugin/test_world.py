@@ -183,13 +183,16 @@ def test_regeneration_is_bounded(gated: Any) -> None:
     world.add_player("p", "Aria", (30, 0))
     world.talk("n", "p", "greet")
     run_frames(world, 3)
-    for state in ("alert", "flee", "combat"):
+    events: list[Any] = []
+    for state in ("alert", "flee", "combat"):  # the state flaps while each try is in flight
         npc.blackboard.set("state", state)
-        world.update(0.0)
-    dropped = [e for e in world.drain() if isinstance(e, LineDropped)]
-    assert world.stats()["regenerated"] == 2
-    assert len(gated.submitted) == 3  # the first request and two regenerations
-    assert not dropped or all(d.reason == "stale" for d in dropped)
+        gated.release()
+        events += world.update(0.0)
+    dropped = [(e.reason, e.regenerating) for e in events if isinstance(e, LineDropped)]
+    assert dropped == [("stale", True), ("stale", True), ("stale", False)]
+    assert lines(events) == [] and gated.pending == []
+    assert [s for _, s, _ in gated.submitted] == ["idle", "alert", "flee"]
+    assert world.stats()["regenerated"] == 2 and world.stats()["in_flight"] == 0
 
 
 def test_cap_on_lines_in_flight_queues_the_rest(gated: Any) -> None:
