@@ -177,14 +177,16 @@ class SyncServer:
         if ws is None or ws in self._closing:
             return
         transport = ws.transport
-        if transport is None or transport.get_write_buffer_size() > self.config.max_outbound_bytes:
-            self._kick(ws, "slow_consumer",
-                       f"more than {self.config.max_outbound_bytes} bytes unsent")
+        if transport is None:
             return
         for f in frames:
             broadcast((ws,), f)
             self.bytes_out += len(f)
         self.frames_out += len(frames)
+        backlog = transport.get_write_buffer_size()
+        if backlog > self.config.max_outbound_bytes:
+            self._kick(ws, "slow_consumer", f"{backlog} bytes unsent (limit "
+                                            f"{self.config.max_outbound_bytes})")
 
     def _kick(self, ws: ServerConnection, code: str, reason: str) -> None:
         """Disconnect without awaiting (from the tick loop)."""
@@ -193,7 +195,11 @@ class SyncServer:
 
         async def close() -> None:
             try:
-                await ws.close(1008, f"{code}: {reason}"[:120])
+                # a client that does not read never completes the close handshake
+                await asyncio.wait_for(ws.close(1008, f"{code}: {reason}"[:120]), 2.0)
+            except (asyncio.TimeoutError, ConnectionClosed):
+                if ws.transport is not None:
+                    ws.transport.abort()
             finally:
                 self._closing.discard(ws)
 
