@@ -99,6 +99,7 @@ class NPC:
     position: tuple[float, float]
     radius: float
     rate_hz: float
+    speech_cooldown: float
     cooldown_until: float = -math.inf
     state_version: int = 0
     near: dict[Any, None] = field(default_factory=dict)  # players in the approach radius
@@ -171,6 +172,7 @@ class World:
                  state_map: Mapping[str, str] | None = None,
                  context_keys: Mapping[str, str] | None = None, factory: Factory | None = None,
                  max_tokens: int = 32, max_regenerations: int = 2, recent_lines: int = 100) -> None:
+        self._owns_generator = generator is None
         if generator is None:
             from runtime.generator import LineGenerator
 
@@ -238,7 +240,8 @@ class World:
     def add_npc(self, npc_id: Any, archetype: str, tree: str | Path | Tree | TreeDefinition, *,
                 persona: Sequence[str] | None = None, position: Sequence[float] = (0.0, 0.0),
                 context: Mapping[str, Any] | None = None, radius: float | None = None,
-                rate_hz: float | None = None, phase: float | None = None) -> NPC:
+                rate_hz: float | None = None, phase: float | None = None,
+                speech_cooldown: float | None = None) -> NPC:
         """Add an NPC and schedule its tree; returns the :class:`NPC`.
 
         ``tree``: BehaviorTree.CPP v4 XML text, a path to an XML file, a
@@ -246,8 +249,10 @@ class World:
         and driven by the world's game clock from now on). ``persona``: trait tags from the
         model's catalog. ``context``: initial blackboard entries for this NPC (e.g.
         ``{"shift": "night", "location": "the market"}``; values of keys mapped to prompt
-        context must be in the catalog's vocabulary). ``radius``: approach radius (default
-        the world's). ``rate_hz``/``phase``: the tree's tick rate and phase. Every argument
+        context must be in the catalog's vocabulary; ``time_of_day``, ``weather`` and
+        ``recent_event`` hold until the next :meth:`set_context` of that key). ``radius``: approach radius (default
+        the world's). ``rate_hz``/``phase``: the tree's tick rate and phase.
+        ``speech_cooldown``: this NPC's (default the world's). Every argument
         is checked before anything is added: :class:`WorldError` otherwise.
         """
         where = f"add_npc({npc_id!r})"
@@ -261,6 +266,10 @@ class World:
         pos = _check_position(where, position)
         r = self.approach_radius if radius is None else _check_positive(where, "radius", radius)
         rate = self.tick_rate_hz if rate_hz is None else _check_positive(where, "rate_hz", rate_hz)
+        if speech_cooldown is not None and not (
+                isinstance(speech_cooldown, (int, float)) and math.isfinite(speech_cooldown)
+                and speech_cooldown >= 0):
+            raise WorldError(f"{where}: speech_cooldown must be a finite number >= 0, got {speech_cooldown!r}")
         if phase is not None and not (isinstance(phase, (int, float)) and 0.0 <= phase < 1.0):
             raise WorldError(f"{where}: phase must be in [0, 1), got {phase!r}")
         initial = dict(context or {})
@@ -274,7 +283,8 @@ class World:
         bb_values = {**self._world_entries(), self.state_key: "idle", **initial}
         t = self._make_tree(where, tree, bb_values)
         # nothing below can fail on user input
-        npc = NPC(npc_id, archetype, traits, t, pos, r, rate)
+        npc = NPC(npc_id, archetype, traits, t, pos, r, rate,
+                  self.speech_cooldown if speech_cooldown is None else float(speech_cooldown))
         t.user_data = npc
         npc._unobserve = t.blackboard.observe(
             lambda key, old, new, _npc=npc: self._on_blackboard(_npc, key, old, new))
@@ -475,7 +485,7 @@ class World:
                 f.stale = True
                 self._drop(f.request, "superseded")
         self._queue = deque(r for r in self._queue if not (r.npc is npc and r.kind == "approach"))
-        npc.cooldown_until = self.time + self.speech_cooldown
+        npc.cooldown_until = self.time + npc.speech_cooldown
         npc.blackboard.set("last_intent", intent)
         req = self._new_request(npc, player, intent, "talk")
         self._queue.append(req)
@@ -615,7 +625,7 @@ class World:
             return
         if npc.blackboard.get("silent", False) is True:
             return
-        npc.cooldown_until = self.time + self.speech_cooldown
+        npc.cooldown_until = self.time + npc.speech_cooldown
         self._queue.append(self._new_request(npc, player, "approach", "approach"))
 
     # ------------------------------------------------------------------ prompts
@@ -840,10 +850,13 @@ class World:
         }
 
     def close(self) -> None:
-        """Stop the streaming worker (if any). The generator is left open: it may be shared."""
+        """Stop the streaming worker (if any), and the generator if the world loaded it (one
+        passed in is left open: it may be shared)."""
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+        if self._owns_generator:
+            self.generator.close()
 
     def __enter__(self) -> World:
         return self

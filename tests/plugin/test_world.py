@@ -69,6 +69,21 @@ def test_standing_in_range_does_not_repeat_lines(generator: Any) -> None:
     assert len(lines(run_frames(world, 50))) == 1  # 5 s in range, cooldown 1 s: no re-trigger
 
 
+def test_per_npc_cooldown_overrides_the_worlds(generator: Any) -> None:
+    world = World(generator, seed=1, deterministic=True, speech_cooldown=100.0)
+    world.add_npc("chatty", "child", SIMPLE, position=(0, 0), speech_cooldown=2.0)
+    world.add_npc("quiet", "farmer", SIMPLE, position=(1, 0))
+    world.add_player("p", "Aria", (30, 0))
+    spoken: list[Line] = []
+    for _ in range(3):  # walk in, wait, walk out, wait: 5 s per visit
+        world.move_player("p", (0.5, 0))
+        spoken += lines(run_frames(world, 25))
+        world.move_player("p", (30, 0))
+        spoken += lines(run_frames(world, 25))
+    assert [e.npc_id for e in spoken].count("chatty") == 3
+    assert [e.npc_id for e in spoken].count("quiet") == 1
+
+
 def test_line_reflects_the_trees_reaction_to_the_approach(generator: Any) -> None:
     world = World(generator, seed=2, deterministic=True)
     world.add_npc("n", "farmer", SIMPLE, position=(0, 0))
