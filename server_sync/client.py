@@ -156,16 +156,14 @@ class Client:
             if self.position is not None:
                 hello["pos"] = [float(self.position[0]), float(self.position[1])]
             await ws.send(encode(hello, self.codec))
+            # the server handles messages in order: these come after the hello is accepted
+            for msg in list(self._unacked.values()):
+                await ws.send(encode(msg, self.codec))
             self._ws = ws
             self.connects += 1
             try:
-                first = True
                 async for frame in ws:
                     self._on_frame(frame)
-                    if first and self.synced.is_set():
-                        first = False
-                        for msg in list(self._unacked.values()):
-                            await ws.send(encode(msg, self.codec))
             finally:
                 self._ws = None
                 self.synced.clear()
@@ -197,6 +195,9 @@ class Client:
                     self.on_change(ch)
         elif t == "ack":
             cseq = msg["cseq"]
+            if self.replica.synced and not self._awaiting_snapshot:
+                self._got_snapshot = True
+                self.synced.set()  # the answer to a resume with nothing to replay
             if cseq > self.acked:
                 self.acked = cseq
                 for k in [k for k in self._unacked if k <= cseq]:

@@ -165,7 +165,9 @@ class SyncCore:
     # ---- sessions ------------------------------------------------------------------------
     def hello(self, player_id: str, msg: dict[str, Any], codec: Codec) -> Session:
         """Attach ``player_id`` (already authenticated) and queue its first frames: the
-        missed deltas when ``msg['resume']`` is inside the window, otherwise a snapshot."""
+        missed deltas when ``msg['resume']`` is inside the window, otherwise a snapshot;
+        then an ``ack`` of the highest intent seq applied so far (0 if none), which tells
+        the client that it is in sync."""
         if msg["v"] != PROTOCOL_VERSION:
             raise ProtocolError("unsupported_version",
                                 f"server speaks protocol {PROTOCOL_VERSION}, client {msg['v']}")
@@ -175,6 +177,7 @@ class SyncCore:
                 and resume["epoch"] == self.epoch and self._replay(s, resume["seq"]):
             s.detached_at = None
             self.replays_total += 1
+            s.outbox.append(encode({"t": "ack", "cseq": s.acked}, s.codec))
             return s
         if s is None:
             s = Session(player_id, codec, self.ring_size, self._cseq_floor.get(player_id, 0))
@@ -188,6 +191,7 @@ class SyncCore:
         s.detached_at = None
         s.outbox.clear()
         self._snapshot(s)
+        s.outbox.append(encode({"t": "ack", "cseq": s.acked}, s.codec))
         return s
 
     def _replay(self, s: Session, last_seq: int) -> bool:

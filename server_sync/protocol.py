@@ -243,7 +243,7 @@ def _validate_delta(m: dict[str, Any]) -> None:
 
 def _validate_ack(m: dict[str, Any]) -> None:
     _only(m, frozenset({"t", "cseq"}), "ack")
-    _int(m, "cseq", "ack", minimum=1)
+    _int(m, "cseq", "ack")  # 0: no intent applied yet (the answer to a hello)
 
 
 def _validate_error(m: dict[str, Any]) -> None:

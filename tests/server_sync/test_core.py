@@ -39,7 +39,8 @@ def core():
 
 def test_hello_sends_a_snapshot_of_the_npcs_in_radius_only(core):
     s = hello(core, "p1", (0.0, 0.0))
-    (snap,) = drain(s)
+    snap, ack = drain(s)
+    assert ack == {"t": "ack", "cseq": 0}  # "you are in sync; no intent applied yet"
     assert snap["t"] == "snapshot" and snap["seq"] == 0 and snap["epoch"] == core.epoch
     assert sorted(snap["npcs"]) == ["npc0", "npc1", "npc2"]
     assert snap["npcs"]["npc1"] == {"pos": [10.0, 0.0], "state": core.world.npc_state("npc1")}
@@ -117,8 +118,8 @@ def test_resume_inside_the_window_replays_exactly_the_missed_deltas(core):
     assert drain(s) == []
     s2 = hello(core, "p1", resume=replica.resume_token())
     assert s2 is s
-    replayed = drain(s)
-    assert [m["seq"] for m in replayed] == [3, 4, 5]
+    *replayed, ack = drain(s)
+    assert [m["seq"] for m in replayed] == [3, 4, 5] and ack == {"t": "ack", "cseq": 0}
     for m in replayed:
         replica.apply(m)
     assert replica.npcs == core.area_of("p1")["npcs"] and replica.seq == 5
@@ -133,7 +134,7 @@ def test_resume_with_another_epoch_or_a_future_seq_gets_a_snapshot(core, resume)
     core.detach(s, 3.0)
     resume["epoch"] = resume["epoch"] or core.epoch
     hello(core, "p1", resume=resume)
-    (snap,) = drain(s)
+    snap, _ = drain(s)
     assert snap["t"] == "snapshot" and snap["seq"] == 2
 
 
@@ -143,7 +144,7 @@ def test_resume_outside_the_window_gets_a_snapshot(core):
     core.detach(s, 1.0)
     changes(core, s, 6)  # the ring keeps 4 deltas: seq 1..2 are gone
     hello(core, "p1", resume={"epoch": core.epoch, "seq": 0})
-    (snap,) = drain(s)
+    snap, _ = drain(s)
     assert snap["t"] == "snapshot" and snap["seq"] == 6
     assert snap["npcs"]["npc1"]["state"]["state"] == "s5"
 
@@ -261,3 +262,16 @@ def test_tree_world_rejects_duplicate_npcs():
     with pytest.raises(ValueError, match="already exists"):
         world.add_npc("a", w2.npcs["npc0"].tree, (0, 0))
         world.add_npc("a", w2.npcs["npc0"].tree, (0, 0))
+
+
+def test_resume_with_nothing_missed_gets_just_the_ack_that_says_in_sync(core):
+    s = hello(core, "p1")
+    replica = Replica()
+    for m in drain(s):
+        replica.apply(m)
+    core.receive(s, {"t": "intent", "cseq": 1, "pos": [1.0, 0.0]})
+    core.tick(0.0, 1.0)
+    drain(s)
+    core.detach(s, 1.0)
+    hello(core, "p1", resume=replica.resume_token())
+    assert drain(s) == [{"t": "ack", "cseq": 1}]
