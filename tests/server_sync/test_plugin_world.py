@@ -1,0 +1,53 @@
+"""plugin.World on both sides: served (trees only) and mirrored in client mode."""
+
+import asyncio
+
+from plugin.events import StateChanged
+from plugin.village import build_village
+from plugin.world import World
+from server_sync import Client, ServerConfig, SyncServer
+from server_sync.plugin_client import WorldMirror
+from server_sync.plugin_world import fallback_generator, village_world
+
+from .conftest import SECRET, token, until
+
+
+def test_a_served_village_syncs_tree_state_without_generating_lines():
+    served = village_world("examples/village", 4)
+    seen = []
+    served.observe(lambda *change: seen.append(change), lambda *move: None)
+    served.set_player("p1", (8.0, 0.0))
+    for _ in range(50):
+        served.step(0.1)
+    assert seen and all(isinstance(v, (str, int, float, bool, type(None))) for *_, v in seen)
+    assert served.npc_state("bram")["state"] == served.world.npcs["bram"].blackboard.get("state")
+    assert served.world.generator.model is None  # fallback-only: no model on the server
+    saved = served.save()
+    other = village_world("examples/village", 4)
+    other.load(saved)
+    assert other.npc_state("bram") == served.npc_state("bram")
+
+
+async def test_a_client_mode_world_mirrors_server_state_into_its_own_npcs():
+    server = SyncServer(village_world("examples/village", 4),
+                        ServerConfig(secret=SECRET, port=0, http_port=None, radius=50.0))
+    await server.start()
+    local = World(fallback_generator(), seed=0)
+    build_village(local, 4)
+    client = Client(f"ws://127.0.0.1:{server.port}", token("p1"), position=(8.0, 0.0))
+    mirror = WorldMirror(client, local)
+    task = asyncio.create_task(client.run())
+    try:
+        await asyncio.wait_for(client.synced.wait(), 10)
+        assert len(local.scheduler) == 0  # local trees do not tick: the server's do
+        server.core.world.apply_state("bram", "state", "alert")
+        bb = local.npcs["bram"].blackboard
+        await until(lambda: bb.get("state") == "alert", 5, "mirrored state")
+        events = local.update(0.1)
+        assert any(isinstance(e, StateChanged) and e.npc_id == "bram" and e.key == "state"
+                   and e.new == "alert" for e in events)
+        assert mirror.unknown_npcs == set()
+    finally:
+        await client.close()
+        await task
+        await server.stop()
