@@ -123,7 +123,7 @@ def _build(src: Path, stage: Path, work: Path, target: str, model_id: str) -> di
     expected = generate_cases(source, settings)
     (stage / "reference.json").write_text(json.dumps(
         {"settings": settings, "source": SOURCE_MODEL, "cases": expected}, ensure_ascii=False) + "\n")
-    bundled = FlashOnnx._open(stage, MODEL_FILE, _ort_options())
+    bundled = FlashOnnx.open_files(stage, MODEL_FILE, _ort_options())
     mismatches = compare_cases(expected, generate_cases(bundled, settings))
     if mismatches:
         raise BundleExportError(f"the ORT model for target {target} does not reproduce the Python "

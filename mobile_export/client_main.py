@@ -21,7 +21,7 @@ from pathlib import Path
 
 _T0 = time.perf_counter()  # as early as this module runs: the cold-start clock
 
-DEMO_STATES = ("idle", "alert", "combat", "fleeing", "trading", "talking")
+DEMO_STATES = ("idle", "working", "alert", "friendly", "patrol", "combat")
 
 
 def packaged_bundle() -> Path:

@@ -97,13 +97,15 @@ class FlashOnnx:
         root = Path(model_dir) if model_dir is not None else DEFAULT_MODEL_DIR
         if is_bundle(root):
             bundle = open_bundle(root)
-            model = cls._open(bundle.root, bundle.model_file, ort_session_options(threads))
+            model = cls.open_files(bundle.root, bundle.model_file, ort_session_options(threads))
             model.bundle = bundle
             return model
-        return cls._open(root, file, session_options(threads))
+        return cls.open_files(root, file, session_options(threads))
 
     @classmethod
-    def _open(cls, root: Path, file: str, options: ort.SessionOptions) -> FlashOnnx:
+    def open_files(cls, root: Path, file: str, options: ort.SessionOptions) -> FlashOnnx:
+        """Open ``root/file`` with ``options`` and the side files beside it, with no bundle check
+        (what :meth:`load` does once it has chosen the file and options)."""
         for name in (file, "config.json", "tokenizer.json"):
             if not (root / name).is_file():
                 raise FileNotFoundError(f"{root / name}: missing (export a model with `flashnpc export`)")
