@@ -272,3 +272,17 @@ def test_the_onnx_export_form_still_needs_no_positional_argument(capsys):
 
     args = build_parser().parse_args(["export", "--model", "ckpt", "--out", "o"])
     assert (args.what, str(args.model), str(args.out)) == ("onnx", "ckpt", "o")
+
+
+def test_resolve_model_path_maps_bundles_to_their_verified_model(bundle_dir, bundle_zip, model_dir, tmp_path):
+    from runtime.bundle import resolve_model_path
+
+    assert resolve_model_path(model_dir, "model.int4.onnx") == (model_dir, "model.int4.onnx")
+    assert resolve_model_path(bundle_dir.path, "model.int4.onnx") == (bundle_dir.path, "model.ort")
+    root, file = resolve_model_path(bundle_zip.path, "model.int4.onnx")
+    assert file == "model.ort" and (root / "manifest.json").is_file() and root != bundle_zip.path
+    assert sha256_file(root / file) == bundle_zip.manifest["files"][
+        [e["path"] for e in bundle_zip.manifest["files"]].index("model.ort")]["sha256"]
+    (tmp_path / "not.zip").write_text("plain text")
+    with pytest.raises(BundleError, match="not a readable zip bundle"):
+        resolve_model_path(tmp_path / "not.zip", "model.int4.onnx")
