@@ -27,7 +27,6 @@ FORMS = ("onnx", "mobile", "client")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from runtime.paths import DEFAULT_MODEL_DIR
 
     parser.add_argument("what", nargs="?", choices=FORMS, default="onnx",
                         help="onnx (default): checkpoint -> ONNX model directory; mobile: model "
@@ -35,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=None,
                         help=f"onnx: checkpoint directory from `flashnpc train --out` (default: "
                              f"{DEFAULT_CHECKPOINT}); mobile/client: exported model directory "
-                             f"(default: the shipped {DEFAULT_MODEL_DIR.name})")
+                             "(default: the shipped runtime/assets/flash)")
     parser.add_argument("--out", type=Path, default=None,
                         help="onnx: model directory to write (default: the shipped runtime/assets/flash); "
                              "mobile: bundle directory (or zip with --zip); client: build directory")
