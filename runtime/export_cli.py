@@ -27,7 +27,6 @@ FORMS = ("onnx", "mobile", "client")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-
     parser.add_argument("what", nargs="?", choices=FORMS, default="onnx",
                         help="onnx (default): checkpoint -> ONNX model directory; mobile: model "
                              "directory -> bundle; client: packaged offline demo client")
