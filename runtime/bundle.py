@@ -198,6 +198,23 @@ def _remove_extracted() -> None:
 atexit.register(_remove_extracted)
 
 
+# directories whose files were hashed, with the (size, mtime, ctime, inode) of
+# each at the time: opening the
+# same unchanged directory again (the engine opens it once, its model loader again) skips hashing
+_VERIFIED: dict[Path, tuple[tuple[str, int, int, int, int], ...]] = {}
+
+
+def _stamp(root: Path, manifest: Mapping[str, Any]) -> tuple[tuple[str, int, int, int, int], ...] | None:
+    out = []
+    for rel in [MANIFEST, *(e["path"] for e in manifest["files"])]:
+        try:
+            st = (root / rel).stat()
+        except OSError:
+            return None
+        out.append((rel, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+    return tuple(out)
+
+
 def open_bundle(path: str | Path, *, verify_hashes: bool = True) -> Bundle:
     """Open and verify the bundle at ``path`` (a directory or a zip file).
 
@@ -218,32 +235,26 @@ def open_bundle(path: str | Path, *, verify_hashes: bool = True) -> Bundle:
     else:
         raise BundleError(f"{src}: no such bundle (neither a directory nor a zip file)")
     stamp = _stamp(root, manifest)
-    if not (verify_hashes and _VERIFIED.get(root.resolve()) == stamp):
+    if not (verify_hashes and stamp is not None and _VERIFIED.get(root.resolve()) == stamp):
         problems = file_problems(root, manifest, hashes=verify_hashes)
         if problems:
+            if extracted:
+                _discard(root)
             raise BundleError(f"{src}: bundle rejected: " + "; ".join(problems))
         if verify_hashes and stamp is not None:
             _VERIFIED[root.resolve()] = stamp
     return Bundle(src, root, manifest, extracted, {e["path"]: e for e in manifest["files"]})
 
 
-# directories whose files were hashed, with the (size, mtime) of each at the time: opening the
-# same unchanged directory again (the engine opens it once, its model loader again) skips hashing
-_VERIFIED: dict[Path, tuple[tuple[str, int, int, int, int], ...]] = {}
-
-
-def _stamp(root: Path, manifest: Mapping[str, Any]) -> tuple[tuple[str, int, int, int, int], ...] | None:
-    out = []
-    for rel in [MANIFEST, *(e["path"] for e in manifest["files"])]:
-        try:
-            st = (root / rel).stat()
-        except OSError:
-            return None
-        out.append((rel, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
-    return tuple(out)
+def _discard(root: Path) -> None:
+    shutil.rmtree(root, ignore_errors=True)
+    with _EXTRACT_LOCK:
+        if root in _EXTRACTED:
+            _EXTRACTED.remove(root)
 
 
 def _extract_zip(src: Path) -> tuple[dict[str, Any], Path]:
+    root: Path | None = None
     try:
         with zipfile.ZipFile(src) as zf:
             try:
@@ -268,10 +279,15 @@ def _extract_zip(src: Path) -> tuple[dict[str, Any], Path]:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 with zf.open(info) as f_in, open(target, "wb") as f_out:
                     shutil.copyfileobj(f_in, f_out, 1 << 20)
-    except zipfile.BadZipFile as exc:
-        raise BundleError(f"{src}: not a readable zip bundle (corrupt or truncated: {exc})") from exc
-    except (OSError, EOFError, zipfile.LargeZipFile) as exc:
-        raise BundleError(f"{src}: cannot read the zip bundle ({type(exc).__name__}: {exc})") from exc
+    except BaseException as exc:
+        if root is not None:
+            _discard(root)
+        if isinstance(exc, zipfile.BadZipFile):
+            raise BundleError(f"{src}: not a readable zip bundle (corrupt or truncated: {exc})") from exc
+        if isinstance(exc, (OSError, EOFError, zipfile.LargeZipFile)):
+            raise BundleError(f"{src}: cannot read the zip bundle ({type(exc).__name__}: {exc})") from exc
+        raise
+    assert root is not None
     return manifest, root
 
 

@@ -286,3 +286,19 @@ def test_resolve_model_path_maps_bundles_to_their_verified_model(bundle_dir, bun
     (tmp_path / "not.zip").write_text("plain text")
     with pytest.raises(BundleError, match="not a readable zip bundle"):
         resolve_model_path(tmp_path / "not.zip", "model.int4.onnx")
+
+
+def test_a_tampered_zip_is_rejected_and_its_extraction_removed(bundle_zip, tmp_path):
+    import runtime.bundle
+
+    tampered = tmp_path / "tampered.zip"
+    with zipfile.ZipFile(bundle_zip.path) as src, zipfile.ZipFile(tampered, "w") as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename == "model.ort":
+                data = data[:100] + bytes([data[100] ^ 1]) + data[101:]
+            dst.writestr(info, data)
+    before = list(runtime.bundle._EXTRACTED)
+    with pytest.raises(BundleError, match=r"tampered\.zip: bundle rejected: model\.ort: sha256 differs"):
+        open_bundle(tampered)
+    assert before == runtime.bundle._EXTRACTED
