@@ -38,15 +38,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lines", type=int, default=6, help="how many archetype/state pairs to show")
     args = parser.parse_args(argv)
 
-    from runtime.bundle import BundleError, open_bundle
     from runtime.generator import LineGenerator, ModelLoadError
 
     path = args.bundle if args.bundle is not None else packaged_bundle()
     try:
-        bundle = open_bundle(path)
-        gen = LineGenerator.load(bundle.root, file=bundle.model_file, warmup=False)
-    except (BundleError, ModelLoadError) as exc:
+        gen = LineGenerator.load(path, warmup=False)  # verifies the bundle (sizes, hashes, version)
+    except ModelLoadError as exc:
         print(f"flashnpc-client: {exc}", file=sys.stderr)
+        return 2
+    bundle = gen.model.bundle if gen.model is not None else None
+    if bundle is None:
+        print(f"flashnpc-client: {path} is a model directory, not a bundle", file=sys.stderr)
+        gen.close()
         return 2
     catalog = gen.catalog()
     states = [s for s in DEMO_STATES if s in catalog["states"]] or list(catalog["states"])

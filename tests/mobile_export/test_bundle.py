@@ -198,9 +198,9 @@ def test_bundle_generation_equals_model_directory_generation(bundle_dir, bundle_
 def test_line_generator_on_a_bundle_gives_the_model_directory_lines(bundle_zip, model_dir):
     from runtime.generator import LineGenerator
 
-    bundle = open_bundle(bundle_zip.path)
-    a = LineGenerator.load(bundle.root, file=bundle.model_file, warmup=False)
+    a = LineGenerator.load(bundle_zip.path, warmup=False)
     b = LineGenerator.load(model_dir, warmup=False)
+    assert a.model is not None and a.model.bundle is not None
     try:
         for seed in range(3):
             la = a.generate("merchant", "working", intent="trade", seed=seed)
