@@ -5,9 +5,15 @@ Every figure the model card quotes comes from here:
 * state fidelity — a state classifier trained only on the line book's training split labels
   generated lines; agreement with the requested state on seen (archetype, state) pairs and on
   the held-out pairs the model never saw in training;
-* validation perplexity of the fp32 export against the INT4 export;
+* validation perplexity of the fp32 export against the INT4 export (when the directory holds
+  both, as `flashnpc export` writes it; the package ships only the INT4 graph);
 * diversity (distinct-2 over 50 samples per condition) and novelty (lines not verbatim in the book);
-* safety: banned / out-of-setting words and slots the line book does not allow, over many samples.
+* safety: banned / out-of-setting words and slots the line book does not allow, over many samples;
+* voice fidelity (informational, no threshold): an archetype classifier trained the same way
+  labels the generated lines with the archetype they sound like.
+
+Sampling blocks control tokens and slots the line book does not allow for the request (as the
+engine does); banned words are not blocked here, so their count measures the model itself.
 
 Generation runs through the exported ONNX graphs with onnxruntime, exactly as a game client would.
 """
@@ -24,6 +30,7 @@ import numpy as np
 from runtime.batch_generate import generate_ids_batch
 from runtime.linebook import Example, LineBook, load_line_book
 from runtime.onnx_model import FlashOnnx
+from runtime.paths import DEFAULT_MODEL_DIR
 from runtime.state_classifier import StateClassifier
 from runtime.text_metrics import banned_hits, distinct_n, novelty, slot_violations
 
@@ -141,6 +148,8 @@ def evaluate(
     clf = StateClassifier.fit([e.text for e in split.train], [e.state for e in split.train], seed=cfg.seed)
     clf_test = clf.accuracy([e.text for e in split.test], [e.state for e in split.test])
     clf_heldout = clf.accuracy([e.text for e in split.heldout], [e.state for e in split.heldout])
+    # Informational: does the line sound like the requested archetype (its voice)?
+    voice = StateClassifier.fit([e.text for e in split.train], [e.archetype for e in split.train], seed=cfg.seed)
 
     int4 = FlashOnnx.load(model_dir, file="model.int4.onnx")
     sampler = Sampler(int4, cfg, book)
@@ -152,6 +161,8 @@ def evaluate(
     held_lines = sampler.sample(held_req, seed=cfg.seed + 2)
     fid_seen = clf.accuracy(seen_lines, [r[2] for r in seen_req])
     fid_held = clf.accuracy(held_lines, [r[2] for r in held_req])
+    voice_seen = voice.accuracy(seen_lines, [r[0] for r in seen_req])
+    voice_held = voice.accuracy(held_lines, [r[0] for r in held_req])
 
     say("diversity: distinct-2 over samples per condition")
     conditions = _pick(sorted({_request(e) for e in split.test}), cfg.diversity_conditions, rng)
@@ -183,19 +194,24 @@ def evaluate(
 
     say("validation perplexity: fp32 vs INT4")
     ppl_set = _pick(split.val, cfg.ppl_examples, rng)
-    fp32 = FlashOnnx.load(model_dir, file="model.onnx")
-    nll32, n32 = line_nll(fp32, ppl_set)
     nll4, n4 = line_nll(int4, ppl_set)
-    ppl32, ppl4 = float(np.exp(nll32 / n32)), float(np.exp(nll4 / n4))
+    ppl4 = float(np.exp(nll4 / n4))
+    ppl32: float | None = None
+    root = Path(model_dir) if model_dir is not None else DEFAULT_MODEL_DIR
+    if (root / "model.onnx").exists():  # the fp32 reference is not shipped, only exported
+        nll32, n32 = line_nll(FlashOnnx.load(model_dir, file="model.onnx"), ppl_set)
+        ppl32 = float(np.exp(nll32 / n32))
 
     figures = {
         "fidelity_seen": fid_seen,
         "fidelity_heldout": fid_held,
         "classifier_test_accuracy": clf_test,
         "classifier_heldout_accuracy": clf_heldout,
+        "voice_fidelity_seen": voice_seen,
+        "voice_fidelity_heldout": voice_held,
         "ppl_fp32": ppl32,
         "ppl_int4": ppl4,
-        "ppl_increase": ppl4 / ppl32 - 1.0,
+        "ppl_increase": ppl4 / ppl32 - 1.0 if ppl32 is not None else None,
         "distinct2": float(np.mean(distinct)) if distinct else 0.0,
         "distinct2_min": float(np.min(distinct)) if distinct else 0.0,
         "novelty": nov,
@@ -206,7 +222,9 @@ def evaluate(
     checks = {
         "fidelity_seen": fid_seen >= THRESHOLDS["fidelity_seen"],
         "fidelity_heldout": fid_held >= THRESHOLDS["fidelity_heldout"],
-        "ppl_increase": figures["ppl_increase"] <= THRESHOLDS["ppl_increase_max"],
+        "ppl_increase": (
+            None if ppl32 is None else figures["ppl_increase"] <= THRESHOLDS["ppl_increase_max"]
+        ),
         "distinct2": figures["distinct2"] >= THRESHOLDS["distinct2"],
         "novelty": nov >= THRESHOLDS["novelty"],
         "banned_hits": len(banned) == 0,
@@ -222,7 +240,8 @@ def evaluate(
         "thresholds": THRESHOLDS,
         "figures": figures,
         "checks": checks,
-        "passed": all(checks.values()),
+        "passed": all(v is not False for v in checks.values()),
+        "not_measured": [k for k, v in checks.items() if v is None],
         "banned_examples": banned[:20],
         "slot_violation_examples": slot_bad[:20],
         "sample_lines": examples,
