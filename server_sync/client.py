@@ -175,6 +175,8 @@ class Client:
         if self.on_message is not None:
             self.on_message(msg, len(frame))
         t = msg["t"]
+        if t == "delta" and "ack" in msg:
+            self._on_ack(msg["ack"])
         if t == "snapshot" or t == "delta":
             try:
                 changes = self.replica.apply(msg)
@@ -194,21 +196,23 @@ class Client:
                 for ch in changes:
                     self.on_change(ch)
         elif t == "ack":
-            cseq = msg["cseq"]
             if self.replica.synced and not self._awaiting_snapshot:
                 self._got_snapshot = True
                 self.synced.set()  # the answer to a resume with nothing to replay
-            if cseq > self.acked:
-                self.acked = cseq
-                for k in [k for k in self._unacked if k <= cseq]:
-                    del self._unacked[k]
-                self._acked_event.set()
+            self._on_ack(msg["cseq"])
         elif t == "error":
             self.last_error = (msg["code"], msg["reason"])
             if msg["code"] in FATAL_CODES:
                 raise FatalServerError(msg["code"], msg["reason"])
         elif t == "bye":
             self.last_error = ("bye", msg.get("reason", ""))
+
+    def _on_ack(self, cseq: int) -> None:
+        if cseq > self.acked:
+            self.acked = cseq
+            for k in [k for k in self._unacked if k <= cseq]:
+                del self._unacked[k]
+            self._acked_event.set()
 
     async def drop_connection(self) -> None:
         """Close the socket without saying bye (the client will reconnect and resume);

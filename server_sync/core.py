@@ -72,7 +72,7 @@ class SyncCore:
 
     def __init__(self, world: SyncWorld, *, radius: float = 100.0, hysteresis: float = 1.1,
                  ring_size: int = 64, grace_s: float = 30.0, store: Store | None = None,
-                 snapshot_every_s: float = 10.0, epoch: str | None = None) -> None:
+                 snapshot_every_s: float = 60.0, epoch: str | None = None) -> None:
         if radius <= 0 or hysteresis < 1.0 or ring_size < 1:
             raise ValueError("SyncCore needs radius > 0, hysteresis >= 1 and ring_size >= 1")
         self.world = world
@@ -150,13 +150,10 @@ class SyncCore:
             if key == POS_KEY:
                 self.npcs.place(npc_id, (value[0], value[1]))
             self.world.apply_state(npc_id, key, value)
-        for r in rec.unapplied:
-            self._apply_intent(r.player, r.body)
         self._changes.clear()
         self._moved_npcs.clear()
         for nid in self.world.npc_ids():
             self.npcs.place(nid, self.world.npc_position(nid))
-        store.commit_tick([], [])  # the replayed intents are applied now
         store.write_snapshot(self._save())
 
     def _save(self) -> dict[str, Any]:
@@ -327,17 +324,22 @@ class SyncCore:
                                                          if k in ("pos", "talk")})
                  for s, m in intents), changes)
         out: set[Session] = set()
+        acking: set[Session] = set()
         for s, _ in intents:
             if s.acked < s.accepted:
                 s.acked = s.accepted
-                if s.attached:
-                    s.outbox.append(encode({"t": "ack", "cseq": s.acked}, s.codec))
-                    out.add(s)
+                acking.add(s)
         t_ms = now * 1000.0
         for s in self._dirty:
-            if self._flush(s, t_ms) and s.attached:
-                out.add(s)
+            if self._flush(s, t_ms, s in acking):  # a delta carries the ack along
+                acking.discard(s)
+                if s.attached:
+                    out.add(s)
         self._dirty.clear()
+        for s in acking:
+            if s.attached:
+                s.outbox.append(encode({"t": "ack", "cseq": s.acked}, s.codec))
+                out.add(s)
         self._expire(now)
         if self.store is not None and now - self._last_snapshot >= self.snapshot_every_s:
             self._last_snapshot = now
@@ -347,7 +349,7 @@ class SyncCore:
                 out.add(s)  # immediate acks/snapshots queued between ticks
         return list(out)
 
-    def _flush(self, s: Session, t_ms: float) -> bool:
+    def _flush(self, s: Session, t_ms: float, ack: bool) -> bool:
         msg: dict[str, Any] = {"t": "delta", "seq": s.seq + 1, "time": t_ms}
         known = s.known
         entered: set[str] = set()
@@ -374,6 +376,8 @@ class SyncCore:
             s.pending_move = {}
         if len(msg) == 3:
             return False
+        if ack:
+            msg["ack"] = s.acked
         s.seq += 1
         frame = encode(msg, s.codec)
         s.ring.append((s.seq, frame))

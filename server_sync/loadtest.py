@@ -64,6 +64,7 @@ class LoadConfig:
     seed: int = 0
     out: str = "runs/loadtest_sync"
     settle_timeout: float = 30.0
+    profile_server: str | None = None  # write the server's cProfile stats here
 
 
 @dataclass
@@ -262,7 +263,8 @@ def run_loadtest(cfg: LoadConfig, *, log: Any = print) -> dict[str, Any]:
     admin = secrets.token_hex(16)
     ready = tmp / "ready"
     env = dict(os.environ, FLASHNPC_SECRET=secret.decode(), FLASHNPC_ADMIN_TOKEN=admin)
-    cmd = [sys.executable, "-m", "plugin.cli", "serve", "--port", "0", "--http-port", "0",
+    prefix = ["-m", "cProfile", "-o", cfg.profile_server] if cfg.profile_server else []
+    cmd = [sys.executable, *prefix, "-m", "plugin.cli", "serve", "--port", "0", "--http-port", "0",
            "--world", f"sim:{cfg.npcs}:{cfg.changes}:{cfg.size}", "--tick-hz", str(cfg.tick_hz),
            "--radius", str(cfg.radius), "--ready-file", str(ready), "--seed", str(cfg.seed),
            "--grace", "60", "--ring", "128"]

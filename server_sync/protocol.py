@@ -218,8 +218,9 @@ def _validate_snapshot(m: dict[str, Any]) -> None:
 
 
 def _validate_delta(m: dict[str, Any]) -> None:
-    _only(m, frozenset({"t", "seq", "time", "enter", "leave", "set", "move"}), "delta")
+    _only(m, frozenset({"t", "seq", "time", "enter", "leave", "set", "move", "ack"}), "delta")
     _int(m, "seq", "delta", minimum=1)
+    _int(m, "ack", "delta", optional=True)
     if type(m.get("time")) not in (int, float):
         raise _bad("delta", "'time' must be a number")
     if "enter" in m:

@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rate", type=float, default=20.0, help="inbound messages/s per client")
     parser.add_argument("--max-outbound", type=int, default=256 * 1024,
                         help="unsent bytes per client before it is dropped as too slow")
-    parser.add_argument("--snapshot-every", type=float, default=10.0,
+    parser.add_argument("--snapshot-every", type=float, default=60.0,
                         help="seconds between world snapshots in --db")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--issue-token", metavar="PLAYER", default=None,

@@ -54,7 +54,7 @@ class ServerConfig:
     rate_burst: float = 40.0
     max_outbound_bytes: int = 256 * 1024
     hello_timeout_s: float = 5.0
-    snapshot_every_s: float = 10.0
+    snapshot_every_s: float = 60.0
     admin_token: str | None = None
 
 

@@ -16,7 +16,7 @@ from server_sync.world import sim_world
 from .conftest import until
 
 
-def test_the_store_uses_wal_and_returns_unapplied_intents_and_later_changes(tmp_path):
+def test_the_store_uses_wal_and_recovers_what_was_journaled_after_the_snapshot(tmp_path):
     store = Store(tmp_path / "w.sqlite")
     assert store.journal_mode == "wal"
     store.commit_tick([IntentRecord("p1", 1, {"pos": [1, 2]})], [("n1", "state", "a")])
@@ -26,7 +26,7 @@ def test_the_store_uses_wal_and_returns_unapplied_intents_and_later_changes(tmp_
     rec = Store(tmp_path / "w.sqlite").recover()
     assert rec.snapshot == {"time": 1.0}
     assert rec.changes == [("n1", "state", "b")]
-    assert rec.unapplied == []  # both ticks committed their intents as applied
+    assert rec.intents == [IntentRecord("p1", 2, {"pos": [3, 4]})]
     assert rec.player_cseq == {"p1": 2}
 
 
