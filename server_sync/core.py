@@ -218,7 +218,8 @@ class SyncCore:
         self.snapshots_total += 1
 
     def receive(self, s: Session, msg: dict[str, Any]) -> None:
-        """Handle a validated ``intent`` or ``resync`` (``bye`` is the I/O layer's)."""
+        """Handle a validated ``intent`` or ``resync`` (``bye`` is the I/O layer's).
+        Frames it queues (a repeated ack, a snapshot) should be sent right away."""
         t = msg["t"]
         if t == "intent":
             cseq = msg["cseq"]
@@ -344,9 +345,6 @@ class SyncCore:
         if self.store is not None and now - self._last_snapshot >= self.snapshot_every_s:
             self._last_snapshot = now
             self.store.write_snapshot(self._save())
-        for s in self.sessions.values():
-            if s.outbox and s.attached:
-                out.add(s)  # immediate acks/snapshots queued between ticks
         return list(out)
 
     def _flush(self, s: Session, t_ms: float, ack: bool) -> bool:

@@ -157,6 +157,7 @@ async def _worker(index: int, cfg: dict[str, Any], players: list[str], url: str,
     due = [(rng.uniform(0, period), k) for k in range(len(clients))]
     heapq.heapify(due)
     start = time.monotonic()
+    cpu_start = time.process_time()
     last_report = start
     report_no = 0
     moves = talks = 0
@@ -205,6 +206,8 @@ async def _worker(index: int, cfg: dict[str, Any], players: list[str], url: str,
             stats["bytes"] = 0
         await asyncio.sleep(0.02)
 
+    cpu_run = time.process_time() - cpu_start
+    wall_run = time.monotonic() - start
     # settle: wait until every intent is acknowledged
     deadline = time.monotonic() + cfg["settle_timeout"]
     while any(c.pending_intents for c in clients) and time.monotonic() < deadline:
@@ -227,7 +230,7 @@ async def _worker(index: int, cfg: dict[str, Any], players: list[str], url: str,
         "reconnects": sum(max(0, c.connects - 1) for c in clients),
         "errors": [c.last_error[0] for c in clients if c.last_error] + fatal,
         "intents": sum(c.cseq for c in clients), "talks": talks,
-        "churned": n_churn,
+        "churned": n_churn, "cpu_util": cpu_run / wall_run,
     }
     for c in clients:
         await c.close()
@@ -414,6 +417,8 @@ def _drive(cfg: LoadConfig, server: subprocess.Popen[bytes], url: str, admin_url
         "server_tick_overruns": s1["tick_overruns"] - s0["tick_overruns"],
         "server_ticks": s1["ticks"] - s0["ticks"],
         "server_cpu_util": (cpu1 - cpu0) / elapsed,
+        "clients_cpu_util": sum(r["cpu_util"] for r in results),
+        "machine_load_avg_1m": os.getloadavg()[0],
         "timeline": [{"s": s, "connected": r["connected"],
                       "p50": _pct(np.concatenate(r["lat"]), 50) if r["lat"] else None,
                       "p99": _pct(np.concatenate(r["lat"]), 99) if r["lat"] else None}
