@@ -120,11 +120,14 @@ class Beat:
 
 class PlayerScript:
     """A traveller ("Aria") walking the street by day (east) and by night (back west), stopping to
-    talk to some villagers; at night a bandit (reputation ``hostile``) follows her in.
+    talk to some villagers; at night a bandit (reputation ``hostile``) comes in from the east
+    at twice her pace, overtakes her and leaves by the west end.
 
     ``positions(t)`` gives the players' positions at game time ``t``; ``beats`` lists the
     scripted calls in time order. The whole walk fits in ``duration`` seconds.
     """
+
+    BANDIT_IN, BANDIT_OUT = 1.15, 1.7  # in halves of the duration: night is (1, 2)
 
     def __init__(self, people: list[Resident], duration: float) -> None:
         if not (math.isfinite(duration) and duration > 0):
@@ -137,7 +140,7 @@ class PlayerScript:
                  Beat(0.0, "player", ("aria", "Aria", (0.0, 0.0), "friendly")),
                  Beat(self.half * 0.9, "context", (("time_of_day", "dusk"),)),
                  Beat(self.half, "context", (("time_of_day", "night"), ("weather", "fog"))),
-                 Beat(self.half + 0.15 * self.half, "player", ("bandit", "a bandit", (self.length, 1.0), "hostile"))]
+                 Beat(self.BANDIT_IN * self.half, "player", ("bandit", "a bandit", (self.length, 1.0), "hostile"))]
         visits: dict[str, int] = {}
         for i, r in enumerate(people):
             wheel = WHEEL.get(r.archetype, ("greet",))
@@ -148,7 +151,7 @@ class PlayerScript:
                     if night and i % 4:
                         continue
                     beats.append(Beat(self._arrival(i, night) + 0.3, "talk", (r.npc_id, "aria", wheel[k % len(wheel)])))
-        beats.append(Beat(duration * 0.98, "leave", ("bandit",)))
+        beats.append(Beat(self.BANDIT_OUT * self.half, "leave", ("bandit",)))
         self.beats = sorted(beats, key=lambda b: b.time)
 
     def _x(self, t: float) -> float:
@@ -163,8 +166,9 @@ class PlayerScript:
 
     def positions(self, t: float) -> dict[str, tuple[float, float]]:
         pos = {"aria": (self._x(t), 0.0)}
-        if t >= self.half * 1.15:
-            pos["bandit"] = (min(self.length, self._x(t) + 6.0), 1.0)
+        if self.BANDIT_IN * self.half <= t < self.BANDIT_OUT * self.half:
+            run = 2 * self.length / self.half * (t - self.BANDIT_IN * self.half)
+            pos["bandit"] = (max(0.0, self.length - run), 1.0)
         return pos
 
     def run_beats(self, world: World, t0: float, t1: float) -> Iterator[Beat]:

@@ -100,6 +100,7 @@ class NPC:
     radius: float
     rate_hz: float
     speech_cooldown: float
+    last_tick: float = 0.0  # game time of the tree's last tick
     cooldown_until: float = -math.inf
     state_version: int = 0
     near: dict[Any, None] = field(default_factory=dict)  # players in the approach radius
@@ -208,7 +209,8 @@ class World:
         self.npcs: dict[Any, NPC] = {}
         self.players: dict[Any, Player] = {}
         self.grid = SpatialHash(cell_size)
-        self.scheduler = TreeScheduler(rate_hz=self.tick_rate_hz, seed=0 if seed is None else seed)
+        self.scheduler = TreeScheduler(rate_hz=self.tick_rate_hz, seed=0 if seed is None else seed,
+                                       on_tick=self._ticked)
         self.recent_lines: deque[Line] = deque(maxlen=recent_lines)
         self._rng = random.Random(seed)
         self._max_radius = self.approach_radius
@@ -229,6 +231,7 @@ class World:
         self._latencies: deque[float] = deque(maxlen=4096)
         self._cache_hits = 0
         self._near_npcs: dict[Any, None] = {}  # NPCs with a player in range last frame
+        self._poked: dict[NPC, float] = {}  # NPC -> game time the world last wrote an input key
 
     # ------------------------------------------------------------------ clock
 
@@ -284,7 +287,8 @@ class World:
         t = self._make_tree(where, tree, bb_values)
         # nothing below can fail on user input
         npc = NPC(npc_id, archetype, traits, t, pos, r, rate,
-                  self.speech_cooldown if speech_cooldown is None else float(speech_cooldown))
+                  self.speech_cooldown if speech_cooldown is None else float(speech_cooldown),
+                  last_tick=self.time)
         t.user_data = npc
         npc._unobserve = t.blackboard.observe(
             lambda key, old, new, _npc=npc: self._on_blackboard(_npc, key, old, new))
@@ -367,6 +371,7 @@ class World:
         self.scheduler.remove(npc.tree)
         self.grid.remove(npc_id)
         self._near_npcs.pop(npc_id, None)
+        self._poked.pop(npc, None)
         if npc._unobserve is not None:
             npc._unobserve()
         npc.tree.halt()
@@ -458,6 +463,7 @@ class World:
             for key, value in entries.items():
                 if key in values or key == "is_night":
                     bb.set(key, value)
+            self._poked[npc] = self.time
 
     def _world_entries(self) -> dict[str, Any]:
         return {**self.context, "is_night": self.context["time_of_day"] == "night",
@@ -487,6 +493,7 @@ class World:
         self._queue = deque(r for r in self._queue if not (r.npc is npc and r.kind == "approach"))
         npc.cooldown_until = self.time + npc.speech_cooldown
         npc.blackboard.set("last_intent", intent)
+        self._poked[npc] = self.time
         req = self._new_request(npc, player, intent, "talk")
         self._queue.append(req)
         return req.id
@@ -537,6 +544,8 @@ class World:
         self.frame += 1
         self._proximity()
         self.scheduler.update(self.time)
+        if self._poked:
+            self._tick_missed()
         self._collect()  # first, so that finished lines free their slots for this frame's sends
         self._send()
         if self.deterministic:
@@ -607,7 +616,35 @@ class World:
             for pid in entered:
                 self._approach(npc, self.players[pid])
 
+    def _ticked(self, tree: Tree, status: Any) -> None:
+        tree.user_data.last_tick = self.time
+
+    def _tick_missed(self) -> None:
+        """Tick by hand the trees the scheduler left deaf to the world's writes.
+
+        After the world writes an input key (player_near, last_intent, context...), a tree
+        that is not asleep must tick within one period. behavior_tree.TreeScheduler can miss
+        that: when a tree woken early by a key change falls asleep again with a later deadline,
+        the timer of its first sleep stays queued, and when it fires it marks the tree awake
+        without scheduling a tick before the second deadline — so the tree hears nothing
+        until then. (Reported to the behavior_tree owner; this works around it with public
+        calls only.)
+        """
+        now = self.time
+        done = []
+        for npc, t_write in self._poked.items():
+            tree = npc.tree
+            if npc.last_tick >= t_write or tree.asleep:
+                done.append(npc)
+            elif now - t_write > 1.5 / npc.rate_hz:
+                tree.tick()
+                npc.last_tick = now
+                done.append(npc)
+        for npc in done:
+            del self._poked[npc]
+
     def _write_near(self, npc: NPC) -> None:
+        self._poked[npc] = self.time
         bb = npc.blackboard
         near = npc.near
         bb.set("player_near", bool(near))

@@ -396,3 +396,39 @@ def test_state_names_are_mapped_to_the_models_states(generator: Any) -> None:
     world.add_player("p", "Aria", (1, 0))
     (line,) = lines(run_frames(world, 5))
     assert line.state == "working"
+
+
+WATCHER = """
+<root BTCPP_format="4">
+  <BehaviorTree ID="Watcher">
+    <ReactiveFallback>
+      <Script _skipIf="!player_near" code="state := 'friendly'"/>
+      <Sequence>
+        <Script code="state := 'idle'"/>
+        <Sleep msec="10000"/>
+      </Sequence>
+    </ReactiveFallback>
+  </BehaviorTree>
+</root>
+"""
+
+
+def test_a_tree_woken_early_and_asleep_again_still_hears_the_player(generator: Any) -> None:
+    # sleep 1 ends at 10.0; the player wakes it at 0.3 and leaves at 0.6, so it sleeps again
+    # until ~10.6; the first sleep's timer fires at 10.0 in between. A player arriving at
+    # 10.2 must still be noticed within a tick or two, not at 10.6.
+    world = World(generator, seed=0, deterministic=True)
+    npc = world.add_npc("w", "farmer", WATCHER, position=(0, 0))
+    world.add_player("p", "Aria", (30, 0))
+    run_frames(world, 3)
+    world.move_player("p", (1, 0))
+    run_frames(world, 3)
+    assert npc.blackboard.get("state") == "friendly"
+    world.move_player("p", (30, 0))
+    run_frames(world, 3)
+    assert npc.blackboard.get("state") == "idle" and npc.tree.asleep
+    while world.time < 10.2:
+        world.update(0.1)
+    world.move_player("p", (1, 0))
+    run_frames(world, 3)
+    assert npc.blackboard.get("state") == "friendly"
