@@ -40,16 +40,18 @@ class Resident:
 ROSTER: tuple[Resident, ...] = (
     Resident("bram", "Bram", "guard", "guard.xml", ("gruff", "brave"),
              (("shift", "day"), ("location", "the gate"))),
-    Resident("mira", "Mira", "merchant", "merchant.xml", ("cheerful", "greedy"), (("item", "silk"),)),
+    Resident("mira", "Mira", "merchant", "merchant.xml", ("cheerful", "greedy"), (("item", "silk"), ("location", "the market"))),
     Resident("oswin", "Oswin", "innkeeper", "innkeeper.xml", ("kind",), (("location", "the inn"),)),
-    Resident("hilda", "Hilda", "blacksmith", "blacksmith.xml", ("proud",), (("item", "sword"),)),
-    Resident("tomas", "Tomas", "farmer", "farmer.xml", ("weary",)),
-    Resident("elric", "Brother Elric", "priest", "priest.xml", ("pious", "kind")),
-    Resident("pip", "Pip", "child", "child.xml", ("curious",)),
-    Resident("vex", "Vex", "thief", "thief.xml", ("sly", "nervous")),
+    Resident("hilda", "Hilda", "blacksmith", "blacksmith.xml", ("proud",),
+             (("item", "sword"), ("location", "the forge"))),
+    Resident("tomas", "Tomas", "farmer", "farmer.xml", ("weary",), (("location", "the fields"),)),
+    Resident("elric", "Brother Elric", "priest", "priest.xml", ("pious", "kind"),
+             (("location", "the chapel"),)),
+    Resident("pip", "Pip", "child", "child.xml", ("curious",), (("location", "the well"),)),
+    Resident("vex", "Vex", "thief", "thief.xml", ("sly", "nervous"), (("location", "the alley"),)),
     Resident("gerd", "Gerd", "guard", "guard.xml", ("weary",),
              (("shift", "night"), ("location", "the barracks"))),
-    Resident("sela", "Sela", "merchant", "merchant.xml", ("shy",), (("item", "spice"),)),
+    Resident("sela", "Sela", "merchant", "merchant.xml", ("shy",), (("item", "spice"), ("location", "the docks"))),
 )
 
 # The dialogue wheel the scripted player uses, per archetype (in order, one per visit).

@@ -84,3 +84,19 @@ def test_village_trees_run_a_day_and_night_without_errors(generator: object) -> 
     assert {npc.id: npc.tree.errors for npc in world.npcs.values() if npc.tree.errors} == {}
     states = {e.state for e in result["transcript"]}
     assert {"alert", "rest"} <= states  # night: guards turn alert at the traveller, others rest
+
+
+SHIPPED = Path(__file__).resolve().parents[2] / "runtime" / "assets" / "flash" / "model.int4.onnx"
+
+
+@pytest.mark.skipif(not SHIPPED.is_file(), reason="the shipped model is not in this checkout")
+def test_world_without_a_generator_speaks_with_the_shipped_model() -> None:
+    from plugin import Line, World
+
+    with World(seed=3, deterministic=True) as world:
+        world.add_npc("bram", "guard", "<root BTCPP_format='4'><BehaviorTree ID='G'>"
+                      "<Script code=\"state := 'alert'\"/></BehaviorTree></root>", position=(0, 0))
+        world.add_player("p", "Aria", (1, 0))
+        spoken = [e for _ in range(5) for e in world.update(0.1) if isinstance(e, Line)]
+        assert world.generator.stats()["model_loaded"] is True
+    assert len(spoken) == 1 and spoken[0].state == "alert" and spoken[0].text.strip()
