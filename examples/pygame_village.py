@@ -192,15 +192,15 @@ def render(screen: pygame.Surface, world: World, names: dict[Any, str], bubbles:
         pygame.draw.circle(screen, STATE_COLORS.get(state, (220, 220, 220)), (sx, sy), 9)
         label = small.render(f"{names.get(npc.id, npc.id)} · {state}", True, (240, 240, 240))
         screen.blit(label, (sx - label.get_width() // 2, sy + 11))
-    for player in world.players.values():
-        sx, sy = to_screen(*player.position)
-        color = (220, 40, 40) if player.reputation == "hostile" else (250, 220, 60)
-        pygame.draw.polygon(screen, color, [(sx, sy - 9), (sx - 7, sy + 6), (sx + 7, sy + 6)])
     for npc_id, bubble in list(bubbles.items()):
         if bubble.until < world.time or npc_id not in world.npcs:
             del bubbles[npc_id]
             continue
         draw_bubble(screen, font, bubble.text, to_screen(*world.npcs[npc_id].position))
+    for player in world.players.values():
+        sx, sy = to_screen(*player.position)
+        color = (220, 40, 40) if player.reputation == "hostile" else (250, 220, 60)
+        pygame.draw.polygon(screen, color, [(sx, sy - 9), (sx - 7, sy + 6), (sx + 7, sy + 6)])
     hud = font.render(f"t {world.time:5.1f}s  {world.context['time_of_day']}  lines {world.stats()['lines']}"
                       "   arrows: walk  1-5: talk  N: night", True, (250, 250, 250))
     screen.blit(hud, (8, 8))
