@@ -123,6 +123,8 @@ def main() -> int:
         lines += sum(1 for e in events if isinstance(e, Line))
     world.drain()
     stats = world.stats()
+    worst = sorted(range(len(samples)), key=samples.__getitem__)[-3:][::-1]
+    samples_by_frame = list(samples)
     samples.sort()
 
     def pct(q: float) -> float:
@@ -134,6 +136,8 @@ def main() -> int:
     print(f"build: {build_s * 1e3:.0f} ms")
     print(f"World.update per frame (model excluded: fallback-only engine): median {statistics.median(samples):.3f} ms, "
           f"p90 {pct(90):.3f} ms, p99 {pct(99):.3f} ms, max {samples[-1]:.3f} ms")
+    print("  worst frames: " + ", ".join(f"#{i} {samples_by_frame[i]:.1f} ms" for i in worst)
+          + f" (night falls at #{args.frames // 2})")
     print(f"  tree ticks {stats['tree_ticks']} ({stats['tree_ticks'] / args.frames:.1f} per frame), "
           f"lines {lines}, line requests {stats['requests']}, state changes {stats['state_changes']}")
     # proximity alone, same positions
