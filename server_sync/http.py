@@ -55,9 +55,22 @@ class _Collector:
         yield errors
 
 
-def _stats(server: SyncServer) -> dict[str, Any]:
+def _tick_ms(server: SyncServer, clear: bool) -> dict[str, Any]:
+    ticks = sorted(server.tick_history)
+    if clear:
+        server.tick_history.clear()
+    if not ticks:
+        return {"n": 0}
+
+    def pct(q: float) -> float:
+        return 1000.0 * ticks[min(len(ticks) - 1, int(q / 100.0 * len(ticks)))]
+
+    return {"n": len(ticks), "p50": pct(50), "p99": pct(99), "max": 1000.0 * ticks[-1]}
+
+
+def _stats(server: SyncServer, clear_ticks: bool = False) -> dict[str, Any]:
     core = server.core
-    return {"clients": len(server.conns), "sessions": len(core.sessions),
+    return {"tick_ms": _tick_ms(server, clear_ticks),"clients": len(server.conns), "sessions": len(core.sessions),
             "ticks": core.ticks, "tick_overruns": server.tick_overruns,
             "tick_seconds": server.tick_seconds, "state_changes": core.changes_total,
             "deltas": core.deltas_total, "snapshots": core.snapshots_total,
@@ -87,7 +100,7 @@ async def start_http(server: SyncServer, host: str, port: int) -> tuple[web.AppR
     async def stats(request: web.Request) -> web.Response:
         if not authorized(request):
             raise web.HTTPForbidden(text="admin token required")
-        return web.json_response(_stats(server))
+        return web.json_response(_stats(server, request.query.get("clear_ticks") == "1"))
 
     async def areas(request: web.Request) -> web.Response:
         if not authorized(request):

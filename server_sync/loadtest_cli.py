@@ -34,6 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--codec", choices=["msgpack", "json"], default=d.codec)
     parser.add_argument("--no-db", action="store_true", help="run the server without SQLite")
     parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--client-nice", type=int, default=d.client_nice,
+                        help="niceness of the client worker processes (0: same as the server)")
     parser.add_argument("--profile-server", default=None, metavar="FILE",
                         help="run the server under cProfile and write its stats to FILE")
     parser.add_argument("--out", default=d.out, help="directory for report.json and plot.png")
@@ -50,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
                      tick_hz=args.tick_hz, procs=args.procs, move_hz=args.move_hz,
                      connect_rate=args.connect_rate, codec=args.codec, db=not args.no_db,
                      seed=args.seed, out=args.out,
-                     profile_server=args.profile_server)
+                     client_nice=args.client_nice, profile_server=args.profile_server)
     report = run_loadtest(cfg)
     summary = {k: v for k, v in report.items() if k not in ("timeline", "config")}
     print(json.dumps(summary, indent=2))

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,7 +80,8 @@ class SyncServer:
         self.bytes_out = 0
         self.frames_out = 0
         self.connections_total = 0
-        self.tick_seconds = 0.0  # duration of the last tick
+        self.tick_seconds = 0.0  # duration of the last tick (world step to frames written)
+        self.tick_history: deque[float] = deque(maxlen=4096)
         self.tick_overruns = 0
         self.started_at = time.time()
         self._closing: set[ServerConnection] = set()
@@ -170,6 +171,7 @@ class SyncServer:
             for s in out:
                 self._flush(s)
             self.tick_seconds = time.perf_counter() - t0
+            self.tick_history.append(self.tick_seconds)
 
     def _flush(self, s: Session) -> None:
         ws = self.conns.get(s.player_id)
