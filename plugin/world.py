@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import math
 import random
-import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -173,18 +172,26 @@ class World:
                  state_map: Mapping[str, str] | None = None,
                  context_keys: Mapping[str, str] | None = None, factory: Factory | None = None,
                  max_tokens: int = 32, max_regenerations: int = 2, recent_lines: int = 100) -> None:
+        if not (isinstance(speech_cooldown, (int, float)) and math.isfinite(speech_cooldown)
+                and speech_cooldown >= 0):
+            raise WorldError(f"World: speech_cooldown must be a finite number >= 0, got {speech_cooldown!r}")
+        for name, value, low in (("max_in_flight", max_in_flight, 1), ("max_tokens", max_tokens, 1),
+                                 ("max_regenerations", max_regenerations, 0), ("recent_lines", recent_lines, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise WorldError(f"World: {name} must be an int >= {low}, got {value!r}")
+        if deadline_ms is not None:
+            _check_positive("World", "deadline_ms", deadline_ms)
         self._owns_generator = generator is None
         if generator is None:
             from runtime.generator import LineGenerator
 
             generator = LineGenerator.load()
-        if not (isinstance(speech_cooldown, (int, float)) and math.isfinite(speech_cooldown)
-                and speech_cooldown >= 0):
-            raise WorldError(f"speech_cooldown must be a finite number >= 0, got {speech_cooldown!r}")
-        if not isinstance(max_in_flight, int) or max_in_flight < 1:
-            raise WorldError(f"max_in_flight must be an int >= 1, got {max_in_flight!r}")
         self.generator = generator
         self.catalog: dict[str, Any] = generator.catalog()
+        for name, state in (state_map or {}).items():
+            if state not in self.catalog["states"]:
+                raise WorldError(f"World: state_map maps {name!r} to {state!r}, which is not a model "
+                                 f"state; known: {', '.join(self.catalog['states'])}")
         self.seed = seed
         self.deterministic = deterministic
         self.stream = stream
@@ -222,7 +229,6 @@ class World:
         self._callbacks: list[tuple[type, Callable[[Any], Any]]] = []
         self._next_request = 0
         self._executor: ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
         self.counters: dict[str, int] = {
             "lines": 0, "fallbacks": 0, "requests": 0, "regenerated": 0, "dropped_stale": 0,
             "dropped_superseded": 0, "dropped_out_of_range": 0, "dropped_error": 0,
@@ -253,10 +259,10 @@ class World:
         model's catalog. ``context``: initial blackboard entries for this NPC (e.g.
         ``{"shift": "night", "location": "the market"}``; values of keys mapped to prompt
         context must be in the catalog's vocabulary; ``time_of_day``, ``weather`` and
-        ``recent_event`` hold until the next :meth:`set_context` of that key). ``radius``: approach radius (default
-        the world's). ``rate_hz``/``phase``: the tree's tick rate and phase.
-        ``speech_cooldown``: this NPC's (default the world's). Every argument
-        is checked before anything is added: :class:`WorldError` otherwise.
+        ``recent_event`` hold until the next :meth:`set_context` of that key). ``radius``:
+        approach radius (default the world's). ``rate_hz``/``phase``: the tree's tick rate
+        and phase. ``speech_cooldown``: this NPC's (default the world's). Every argument is
+        checked before anything is added: :class:`WorldError` otherwise.
         """
         where = f"add_npc({npc_id!r})"
         _check_id("NPC", npc_id)
@@ -489,6 +495,7 @@ class World:
         for f in self._flights:
             if f.request.npc is npc and not f.stale and f.request.kind == "approach":
                 f.stale = True
+                self.counters["dropped_superseded"] += 1
                 self._drop(f.request, "superseded")
         self._queue = deque(r for r in self._queue if not (r.npc is npc and r.kind == "approach"))
         npc.cooldown_until = self.time + npc.speech_cooldown
@@ -771,7 +778,10 @@ class World:
                 self._executor = ThreadPoolExecutor(1, thread_name_prefix="flashnpc-world-stream")
             flight.future = self._executor.submit(self._stream_job, flight, npc.archetype, state, kwargs)
         else:
-            flight.future = gen.submit(npc.archetype, state, **kwargs)
+            try:
+                flight.future = gen.submit(npc.archetype, state, **kwargs)
+            except Exception as exc:  # e.g. a slot value the engine refuses: an error line, not a crash
+                flight.future.set_exception(exc)
         self._flights.append(flight)
 
     def _stream_job(self, flight: _Flight, archetype: str, state: str, kwargs: dict[str, Any]) -> Any:

@@ -432,3 +432,33 @@ def test_a_tree_woken_early_and_asleep_again_still_hears_the_player(generator: A
     world.move_player("p", (1, 0))
     run_frames(world, 3)
     assert npc.blackboard.get("state") == "friendly"
+
+
+def test_an_engine_that_refuses_a_request_costs_a_line_not_the_world(gated: Any) -> None:
+    def refuse(npc: str, state: str, **kwargs: Any) -> Any:
+        raise ValueError("slot value refused")
+
+    gated.submit = refuse
+    world = World(gated, seed=14)
+    world.add_npc("n", "farmer", SIMPLE, position=(0, 0))
+    world.add_player("p", "Aria", (1, 0))
+    events = run_frames(world, 4)
+    assert [(e.reason, e.npc_id) for e in events if isinstance(e, LineDropped)] == [("error", "n")]
+    assert lines(events) == [] and world.stats()["dropped_error"] == 1
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"speech_cooldown": math.nan}, "speech_cooldown"),
+        ({"max_in_flight": 0}, "max_in_flight"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"deadline_ms": -5}, "deadline_ms"),
+        ({"tick_rate_hz": 0}, "tick_rate_hz"),
+        ({"state_map": {"dancing": "partying"}}, "state_map maps 'dancing'"),
+        ({"cell_size": math.inf}, "cell_size"),
+    ],
+)
+def test_bad_world_options_raise(generator: Any, options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        World(generator, **options)
