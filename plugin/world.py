@@ -222,7 +222,7 @@ class World:
         self._rng = random.Random(seed)
         self._max_radius = self.approach_radius
         self._definitions: dict[str, TreeDefinition] = {}
-        self._trees: set[int] = set()
+        self._npc_of_tree: dict[Tree, NPC] = {}
         self._queue: deque[_Request] = deque()
         self._flights: list[_Flight] = []
         self._events: list[Event] = []
@@ -295,11 +295,10 @@ class World:
         npc = NPC(npc_id, archetype, traits, t, pos, r, rate,
                   self.speech_cooldown if speech_cooldown is None else float(speech_cooldown),
                   last_tick=self.time)
-        t.user_data = npc
         npc._unobserve = t.blackboard.observe(
             lambda key, old, new, _npc=npc: self._on_blackboard(_npc, key, old, new))
         self.npcs[npc_id] = npc
-        self._trees.add(id(t))
+        self._npc_of_tree[t] = npc
         self.grid.insert(npc_id, *pos)
         self._max_radius = max(self._max_radius, r)
         self.scheduler.add(t, rate_hz=rate, phase=phase, start=self.time)
@@ -329,12 +328,17 @@ class World:
 
     def _make_tree(self, where: str, tree: Any, values: Mapping[str, Any]) -> Tree:
         if isinstance(tree, Tree):
-            if id(tree) in self._trees:
+            if tree in self._npc_of_tree:
                 raise WorldError(f"{where}: this Tree already drives another NPC")
             bb = tree.blackboard
-            missing = {k: v for k, v in values.items() if k not in bb}
-            for k, v in missing.items():
-                bb.set(k, v)
+            for k, v in values.items():
+                kind = bb.type_of(k) if k in bb else None
+                if kind is not None and v is not None and not isinstance(v, kind):
+                    raise WorldError(f"{where}: the tree's blackboard key {k!r} holds {kind.__name__} "
+                                     f"values, but the world writes {type(v).__name__} there")
+            for k, v in values.items():
+                if k not in bb:
+                    bb.set(k, v)
             tree.clock = self._clock
             return tree
         if isinstance(tree, TreeDefinition):
@@ -373,14 +377,17 @@ class World:
         """Remove an NPC: its tree stops, its queued and in-flight lines are dropped silently."""
         npc = self._npc("remove_npc", npc_id)
         del self.npcs[npc_id]
-        self._trees.discard(id(npc.tree))
+        del self._npc_of_tree[npc.tree]
         self.scheduler.remove(npc.tree)
         self.grid.remove(npc_id)
         self._near_npcs.pop(npc_id, None)
         self._poked.pop(npc, None)
         if npc._unobserve is not None:
             npc._unobserve()
-        npc.tree.halt()
+        try:
+            npc.tree.halt()
+        except Exception:  # a user halt callback; the NPC is gone either way
+            log.exception("halting the tree of removed NPC %r raised", npc_id)
         self._queue = deque(r for r in self._queue if r.npc is not npc)
         for f in self._flights:
             if f.request.npc is npc:
@@ -624,7 +631,7 @@ class World:
                 self._approach(npc, self.players[pid])
 
     def _ticked(self, tree: Tree, status: Any) -> None:
-        tree.user_data.last_tick = self.time
+        self._npc_of_tree[tree].last_tick = self.time
 
     def _tick_missed(self) -> None:
         """Tick by hand the trees the scheduler left deaf to the world's writes.

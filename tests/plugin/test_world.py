@@ -387,6 +387,26 @@ def test_a_tree_cannot_drive_two_npcs(generator: Any) -> None:
     assert_unchanged(world, 1)
 
 
+def test_a_tree_object_is_driven_by_the_world_and_keeps_its_user_data(generator: Any) -> None:
+    world = World(generator, deterministic=True)
+    tree = world.factory.create_tree(SIMPLE)
+    tree.user_data = "mine"
+    world.add_npc("a", "farmer", tree, position=(0, 0))
+    world.add_player("p", "Aria", (1, 0))
+    assert lines(run_frames(world, 5)) and tree.user_data == "mine"
+    assert tree.blackboard.get("state") == "friendly"
+
+
+def test_a_tree_object_whose_keys_clash_with_the_worlds_is_refused(generator: Any) -> None:
+    world = World(generator, deterministic=True)
+    tree = world.factory.create_tree(SIMPLE)
+    tree.blackboard.set("player_near", "no")
+    with pytest.raises(WorldError, match="'player_near' holds str"):
+        world.add_npc("a", "farmer", tree)
+    assert_unchanged(world, 0)
+    assert "state" not in tree.blackboard
+
+
 def test_state_names_are_mapped_to_the_models_states(generator: Any) -> None:
     xml = SIMPLE.replace("'friendly' : 'idle'", "'trading' : 'patrolling'")
     world = World(generator, deterministic=True, state_map={"trading": "working"})
