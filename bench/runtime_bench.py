@@ -88,16 +88,23 @@ def run_block(peer: Peer, reqs: list[LineRequest]) -> None:
     peer.ttft.append(float(np.percentile(ttft, 50)) if ttft else float("nan"))
 
 
-def dense_model_dir(model_dir: Path, checkpoint: Path | None, tmp: Path) -> Path | None:
-    """A copy of the model directory whose model.int4.onnx is the dense-all-experts INT4 graph."""
+def find_checkpoint(model_dir: Path, checkpoint: Path | None) -> Path | None:
+    """The checkpoint (model.pt) the model was exported from: ``--checkpoint``, else beside it."""
+    if checkpoint is not None:
+        return checkpoint
+    for p in (model_dir, model_dir.parent / "ckpt", model_dir.parent):
+        if (p / "model.pt").is_file():
+            return p
+    return None
+
+
+def variant_dir(model_dir: Path, ckpt: Path, tmp: Path, name: str, weights: str, moe: str) -> Path:
+    """A copy of the model directory's side files with ``model.int4.onnx`` replaced by another
+    graph of the same checkpoint (``weights``, ``moe`` as in :class:`runtime.export.ExportOptions`)."""
     from runtime.export import ExportOptions, build_onnx, load_checkpoint, save_model
 
-    ckpt = checkpoint or next((p for p in (model_dir, model_dir.parent / "ckpt", model_dir.parent)
-                               if (p / "model.pt").is_file()), None)
-    if ckpt is None:
-        return None
     sd, cfg = load_checkpoint(ckpt)
-    out = tmp / "dense"
+    out = tmp / name
     out.mkdir()
     for f in model_dir.iterdir():
         if f.suffix == ".json":
@@ -105,7 +112,9 @@ def dense_model_dir(model_dir: Path, checkpoint: Path | None, tmp: Path) -> Path
     info = json.loads((model_dir / "export.json").read_text()) if (model_dir / "export.json").is_file() else {}
     level = int(info.get("int4", {}).get("accuracy_level", 4))
     embedding = info.get("int4", {}).get("embedding", "fp16")
-    save_model(build_onnx(sd, cfg, ExportOptions("int4", "dense", level, embedding)), out / "model.int4.onnx")
+    opts = (ExportOptions("int4", moe, level, embedding) if weights == "int4"
+            else ExportOptions("fp32", moe))
+    save_model(build_onnx(sd, cfg, opts), out / "model.int4.onnx")
     return out
 
 
@@ -239,12 +248,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         opts = {"min_mean_logprob": None} if args.accept_gibberish else {}
         base = LineGenerator.load(args.model, **opts)
-        peers = [Peer("int4 sparse", base), Peer("fp32", LineGenerator.load(args.model, file="model.onnx", **opts))]
-        dense_dir = dense_model_dir(args.model, args.checkpoint, tmp)
-        if dense_dir is not None:
-            peers.append(Peer("int4 dense", LineGenerator.load(dense_dir, **opts)))
-        else:
-            print("(no checkpoint found: the dense-all-experts peer is skipped; pass --checkpoint)")
+        peers = [Peer("int4 sparse", base)]
+        ckpt = find_checkpoint(args.model, args.checkpoint)
+        if (args.model / "model.onnx").is_file():
+            peers.append(Peer("fp32", LineGenerator.load(args.model, file="model.onnx", **opts)))
+        elif ckpt is not None:
+            peers.append(Peer("fp32", LineGenerator.load(variant_dir(args.model, ckpt, tmp, "fp32", "fp32", "gather"),
+                                                         **opts)))
+        if ckpt is not None:
+            peers.append(Peer("int4 dense", LineGenerator.load(variant_dir(args.model, ckpt, tmp, "dense", "int4",
+                                                                           "dense"), **opts)))
+        if ckpt is None:
+            print("(no checkpoint found: pass --checkpoint for the dense-all-experts peer, and for fp32 "
+                  "when the model directory has no model.onnx)")
         peers.append(Peer("int4 no-cache", LineGenerator.load(args.model, use_prefix_cache=False, **opts)))
 
         npcs = village(base)
