@@ -64,7 +64,7 @@ class LoadConfig:
     seed: int = 0
     out: str = "runs/loadtest_sync"
     settle_timeout: float = 30.0
-    client_nice: int = 10    # niceness of the client worker processes
+    client_nice: int = 0     # niceness of the client worker processes (10: server first)
     profile_server: str | None = None  # write the server's cProfile stats here
 
 
