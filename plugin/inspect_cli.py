@@ -70,8 +70,23 @@ async def simulate(world: Any, script: Any, fps: float, stop: asyncio.Event) -> 
             await asyncio.wait_for(stop.wait(), timeout=dt)
 
 
-async def serve_village(gen: Any, *, host: str, port: int, npcs: int, seed: int, day: float,
-                        fps: float, duration: float) -> None:
+class LiveVillage:
+    """The village world updating in real time plus the inspector's HTTP site, on the running
+    event loop. ``url`` is where it listens (``port=0`` picks a free port)."""
+
+    def __init__(self, world: Any, runner: Any, task: asyncio.Task[None], stop: asyncio.Event,
+                 url: str) -> None:
+        self.world, self.runner, self.task, self.stop_event, self.url = world, runner, task, stop, url
+
+    async def close(self) -> None:
+        self.stop_event.set()
+        await self.task
+        self.world.close()
+        await self.runner.cleanup()
+
+
+async def start_village(gen: Any, *, host: str = "127.0.0.1", port: int = 0, npcs: int = 10,
+                        seed: int = 0, day: float = 120.0, fps: float = 30.0) -> LiveVillage:
     from aiohttp import web
 
     from .inspector import make_app
@@ -84,16 +99,20 @@ async def serve_village(gen: Any, *, host: str, port: int, npcs: int, seed: int,
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    print(f"FlashNPC inspector: http://{host}:{port}/  ({npcs} NPCs; Ctrl-C to stop)", flush=True)
+    bound_host, bound_port = runner.addresses[0][:2]
     stop = asyncio.Event()
     task = asyncio.create_task(simulate(world, script, fps, stop))
+    return LiveVillage(world, runner, task, stop, f"http://{bound_host}:{bound_port}/")
+
+
+async def serve_village(gen: Any, *, host: str, port: int, npcs: int, seed: int, day: float,
+                        fps: float, duration: float) -> None:
+    live = await start_village(gen, host=host, port=port, npcs=npcs, seed=seed, day=day, fps=fps)
+    print(f"FlashNPC inspector: {live.url}  ({npcs} NPCs; Ctrl-C to stop)", flush=True)
     try:
         if duration > 0:
             await asyncio.sleep(duration)
         else:
             await asyncio.Event().wait()
     finally:
-        stop.set()
-        await task
-        world.close()
-        await runner.cleanup()
+        await live.close()

@@ -87,3 +87,28 @@ async def test_page_renders_in_headless_chromium(village: World, tmp_path: Path)
         assert shot.is_file() and shot.stat().st_size > 10_000
     finally:
         await server.close()
+
+
+async def test_flashnpc_inspect_serves_a_village_that_runs_in_real_time(generator: Any) -> None:
+    import aiohttp
+
+    from plugin.inspect_cli import start_village
+
+    live = await start_village(generator, npcs=3, day=20.0, fps=60.0)
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(live.url + "api/world") as r:
+                first = await r.json()
+            frame = live.world.frame
+            while live.world.frame < frame + 3:  # let the simulation task run a few frames
+                await asyncio.sleep(0.01)
+            async with session.get(live.url + "api/world") as r:
+                later = await r.json()
+            async with session.get(live.url + "api/npcs") as r:
+                npcs = await r.json()
+        assert later["frame"] > first["frame"] and later["time"] > first["time"]
+        assert [n["id"] for n in npcs] == ["bram", "mira", "oswin"]
+        assert first["players"][0]["name"] == "Aria"
+    finally:
+        await live.close()
+    assert live.task.done()
