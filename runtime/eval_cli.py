@@ -31,6 +31,6 @@ def run(args: argparse.Namespace) -> int:
         shown = f"{value:.4f}" if isinstance(value, float) else str(value)
         if report["checks"].get(name, False) is None:
             mark = "n/a "
-        print(f"{mark}  {name:28s} {shown}")
+        print(f"{mark}  {name:34s} {shown}")
     print(f"{'PASSED' if report['passed'] else 'FAILED'} in {report['seconds']:.0f} s -> {args.json}")
     return 0 if report["passed"] else 1

@@ -150,6 +150,8 @@ def evaluate(
     clf_heldout = clf.accuracy([e.text for e in split.heldout], [e.state for e in split.heldout])
     # Informational: does the line sound like the requested archetype (its voice)?
     voice = StateClassifier.fit([e.text for e in split.train], [e.archetype for e in split.train], seed=cfg.seed)
+    voice_test = voice.accuracy([e.text for e in split.test], [e.archetype for e in split.test])
+    voice_heldout = voice.accuracy([e.text for e in split.heldout], [e.archetype for e in split.heldout])
 
     int4 = FlashOnnx.load(model_dir, file="model.int4.onnx")
     sampler = Sampler(int4, cfg, book)
@@ -209,6 +211,8 @@ def evaluate(
         "classifier_heldout_accuracy": clf_heldout,
         "voice_fidelity_seen": voice_seen,
         "voice_fidelity_heldout": voice_held,
+        "voice_classifier_test_accuracy": voice_test,
+        "voice_classifier_heldout_accuracy": voice_heldout,
         "ppl_fp32": ppl32,
         "ppl_int4": ppl4,
         "ppl_increase": ppl4 / ppl32 - 1.0 if ppl32 is not None else None,
