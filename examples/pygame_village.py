@@ -2,12 +2,11 @@
 as the model streams the line, arrow keys to walk.
 
     python3 examples/pygame_village.py                      # a window; needs pygame
-    SDL_VIDEODRIVER=dummy python3 examples/pygame_village.py --frames 300 --autopilot \\
-        --screenshot out.png                                 # headless
+    SDL_VIDEODRIVER=dummy python3 examples/pygame_village.py --frames 300 --screenshot out.png
 
 Keys: arrows walk, 1 greet, 2 ask rumors, 3 trade, 4 threaten, 5 farewell (to the nearest NPC
-in range), N toggles night, Esc quits. ``--autopilot`` walks the scripted traveller of
-``flashnpc demo`` instead. The world runs with ``stream=True``: lines decode in a worker
+in range), N toggles night, Esc quits. ``--autopilot`` (always on headless) walks the scripted
+traveller of ``flashnpc demo`` instead. The world runs with ``stream=True``: lines decode in a worker
 thread and arrive as LinePiece events, so the frame never waits on the model.
 """
 
@@ -46,7 +45,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description="FlashNPC village in pygame")
     ap.add_argument("--frames", type=int, default=0, help="stop after N frames (0: until closed)")
     ap.add_argument("--screenshot", default=None, help="save the last frame to this PNG")
-    ap.add_argument("--autopilot", action="store_true", help="walk the scripted traveller")
+    ap.add_argument("--autopilot", action="store_true",
+                    help="walk the scripted traveller (always on with SDL_VIDEODRIVER=dummy)")
     ap.add_argument("--npcs", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default=None, help="model directory (default: the shipped model)")
@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     small = pygame.font.Font(None, 16)
     clock = pygame.time.Clock()
     headless = pygame.display.get_driver() == "dummy"
+    autopilot = args.autopilot or headless  # nobody presses arrow keys on a dummy display
     bubbles: dict[Any, Bubble] = {}
     night = False
     t_prev = -1.0
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                         px, py = world.players["aria"].position
                         nearest = min(near, key=lambda n: math.dist(n.position, (px, py)))
                         world.talk(nearest.id, "aria", KEY_INTENTS[event.key])
-            if args.autopilot:
+            if autopilot:
                 t = world.time
                 list(script.run_beats(world, t_prev, t))
                 t_prev = t

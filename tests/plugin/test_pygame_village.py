@@ -24,7 +24,7 @@ def bubble_pixels(path: Path) -> int:
 def run_example(model_dir: Path, shot: Path, frames: int) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "SDL_VIDEODRIVER": "dummy", "SDL_AUDIODRIVER": "dummy"}
     return subprocess.run(
-        [sys.executable, str(EXAMPLE), "--model", str(model_dir), "--frames", str(frames), "--autopilot",
+        [sys.executable, str(EXAMPLE), "--model", str(model_dir), "--frames", str(frames),
          "--screenshot", str(shot), "--npcs", "3", "--day", "30"],
         env=env, capture_output=True, text=True, timeout=120, check=False)
 
