@@ -423,6 +423,11 @@ def _drive(cfg: LoadConfig, server: subprocess.Popen[bytes], url: str, admin_url
         # to the sockets by the end of that tick
         "server_tick_ms": s1["tick_ms"],
         "server_cpu_util": (cpu1 - cpu0) / elapsed,
+        "server_frames_out_per_s": (s1["frames_out"] - s0["frames_out"]) / elapsed,
+        "server_intents_per_s": (s1["intents"] - s0["intents"]) / elapsed,
+        # server CPU per frame sent, all work included (ticks, inbound, journal)
+        "server_cpu_us_per_frame_out": 1e6 * (cpu1 - cpu0)
+        / max(1, s1["frames_out"] - s0["frames_out"]),
         "clients_cpu_util": sum(r["cpu_util"] for r in results),
         "machine_load_avg_1m": os.getloadavg()[0],
         "timeline": [{"s": s, "connected": r["connected"],

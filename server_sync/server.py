@@ -190,10 +190,15 @@ class SyncServer:
             self._kick(ws, "slow_consumer", f"{backlog} bytes unsent (limit "
                                             f"{self.config.max_outbound_bytes})")
 
-    def _kick(self, ws: ServerConnection, code: str, reason: str) -> None:
-        """Disconnect without awaiting (from the tick loop)."""
+    def _kick(self, ws: ServerConnection, code: str, reason: str, *,
+              notify: bool = False) -> None:
+        """Disconnect without waiting for the close handshake (``notify``: send an
+        ``error`` frame first)."""
         self.errors[code] += 1
         self._closing.add(ws)
+        if notify:
+            broadcast((ws,), encode({"t": "error", "code": code, "reason": reason},
+                                    self._codec_of(ws)))
 
         async def close() -> None:
             try:
@@ -234,11 +239,9 @@ class SyncServer:
                 raise ProtocolError("not_authenticated", f"first message must be hello, "
                                                          f"got {msg['t']}")
             player = verify_token(c.secret, msg["token"])
-            old = self.conns.get(player)
-            if old is not None:
-                self.conns.pop(player)
-                await self._refuse(old, ProtocolError("replaced", "player connected again"),
-                                   self._codec_of(old))
+            old = self.conns.pop(player, None)
+            if old is not None:  # often a dropped link the server has not noticed yet
+                self._kick(old, "replaced", "player connected again", notify=True)
             s = self.core.hello(player, msg, codec)
         except ProtocolError as err:
             await self._refuse(ws, err, codec)
