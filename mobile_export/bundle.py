@@ -175,7 +175,7 @@ def _build(src: Path, stage: Path, work: Path, target: str, model_id: str) -> di
             "first_step": "past tensors of shape [batch, n_head, 0, head_dim]",
             "next_step": "present_* of this step is past_* of the next (length past_len + new)",
         },
-        "sampling": {"temperature": 0.8, "top_p": 0.95, "top_k": 0, "max_tokens": 32},
+        "sampling": _engine_sampling_defaults(),
         "onnxruntime": {
             "built_with": ort.__version__, "tested_with": ort.__version__,
             "session_options": {"session.load_model_format": "ORT",
@@ -191,6 +191,19 @@ def _build(src: Path, stage: Path, work: Path, target: str, model_id: str) -> di
                                   "sha256": sha256_file(path)})
     _write_json(stage / MANIFEST, manifest)
     return manifest
+
+
+def _engine_sampling_defaults() -> dict[str, Any]:
+    """The Python engine's defaults (LineGenerator), so a port samples the way the game's
+    Python build does."""
+    import inspect
+
+    from runtime.generator import LineGenerator
+
+    init = inspect.signature(LineGenerator.__init__).parameters
+    gen = inspect.signature(LineGenerator.generate).parameters
+    return {"temperature": init["temperature"].default, "top_p": init["top_p"].default,
+            "top_k": init["top_k"].default, "max_tokens": gen["max_tokens"].default}
 
 
 def _ort_options() -> Any:
