@@ -92,7 +92,12 @@ def test_manifest_describes_files_tensors_tokenizer_and_operators(bundle_dir, mo
     assert m["tokenizer"]["controls"][:4] == ["<pad>", "<bos>", "<eos>", "<line>"]
     assert "com.microsoft;1;MatMulNBits" in m["operators"]
     assert m["onnxruntime"]["built_with"] == ort.__version__
-    assert m["sampling"] == {"temperature": 0.8, "top_p": 0.95, "top_k": 50, "max_tokens": 32}  # the engine's
+    import inspect
+
+    from runtime.generator import LineGenerator
+    engine = inspect.signature(LineGenerator.__init__).parameters
+    assert {k: m["sampling"][k] for k in ("temperature", "top_p", "top_k")} == \
+        {k: engine[k].default for k in ("temperature", "top_p", "top_k")}
     config_lines = (root / "required_operators.config").read_text().splitlines()
     assert any(line.startswith("com.microsoft;1;") and "QMoE" in line for line in config_lines)
     assert not any(str(root.parent) in line for line in config_lines)  # no build paths leak
