@@ -1,4 +1,5 @@
-"""The server's HTTP side port (aiohttp): /health, /metrics and the admin hooks."""
+"""The server's HTTP side port (aiohttp): /health, /metrics, the admin hooks and, for a
+``plugin.World``, the plugin's live inspector (``/`` and ``/api/...``)."""
 
 from __future__ import annotations
 
@@ -80,6 +81,22 @@ def _stats(server: SyncServer, clear_ticks: bool = False) -> dict[str, Any]:
             "errors": dict(server.errors), "frozen": core.frozen, "epoch": core.epoch}
 
 
+def _mount_inspector(app: web.Application, server: SyncServer) -> None:
+    """Serve plugin's live inspector (page ``/`` and ``/api/...``) when the world is a
+    ``plugin.World``; the server's own ``/metrics`` keeps its path."""
+    from .plugin_world import PluginWorld
+
+    world = server.core.world
+    if not isinstance(world, PluginWorld):
+        return
+    from plugin.inspector import make_app
+
+    for route in make_app(world.world).router.routes():
+        path = route.resource.canonical if route.resource is not None else ""
+        if path and path != "/metrics" and route.method in ("GET", "POST"):
+            app.router.add_route(route.method, path, route.handler)
+
+
 async def start_http(server: SyncServer, host: str, port: int) -> tuple[web.AppRunner, int]:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector(server))  # type: ignore[arg-type]
@@ -114,6 +131,7 @@ async def start_http(server: SyncServer, host: str, port: int) -> tuple[web.AppR
         return web.json_response({"frozen": server.core.frozen})
 
     app = web.Application()
+    _mount_inspector(app, server)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/admin/stats", stats)

@@ -51,3 +51,23 @@ async def test_a_client_mode_world_mirrors_server_state_into_its_own_npcs():
         await client.close()
         await task
         await server.stop()
+
+
+async def test_the_http_port_serves_the_plugin_inspector_next_to_health():
+    import aiohttp
+
+    server = SyncServer(village_world("examples/village", 3),
+                        ServerConfig(secret=SECRET, port=0, http_port=0))
+    await server.start()
+    try:
+        base = f"http://127.0.0.1:{server.http_port}"
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{base}/api/npcs") as r:
+                assert r.status == 200
+                assert {n["id"] for n in await r.json()} == {"bram", "mira", "oswin"}
+            async with http.get(f"{base}/") as r:
+                assert "inspector" in (await r.text()).lower()
+            async with http.get(f"{base}/metrics") as r:
+                assert "flashnpc_sync_clients" in await r.text()
+    finally:
+        await server.stop()
