@@ -63,3 +63,4 @@ class GatedGenerator:
 @pytest.fixture
 def gated(generator: Any) -> GatedGenerator:
     return GatedGenerator(generator)
+
