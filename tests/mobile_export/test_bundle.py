@@ -20,6 +20,7 @@ from mobile_export.verify import verify_bundle
 from plugin.cli import main
 from runtime.bundle import BUNDLE_VERSION, BundleError, open_bundle, sha256_file
 from runtime.onnx_model import FlashOnnx
+from runtime.paths import DEFAULT_MODEL_DIR
 
 
 def copy_of(bundle: ExportedBundle, tmp_path: Path) -> Path:
@@ -308,3 +309,14 @@ def test_a_tampered_zip_is_rejected_and_its_extraction_removed(bundle_zip, tmp_p
     with pytest.raises(BundleError, match=r"tampered\.zip: bundle rejected: model\.ort: sha256 differs"):
         open_bundle(tampered)
     assert before == runtime.bundle._EXTRACTED
+
+
+@pytest.mark.slow
+def test_the_shipped_model_bundles_within_8_mb_and_verifies(tmp_path):
+    from mobile_export.bundle import MAX_BUNDLE_BYTES
+
+    done = export_bundle(DEFAULT_MODEL_DIR, tmp_path / "flash", zip_output=True)
+    assert done.total_bytes <= MAX_BUNDLE_BYTES and done.zip_bytes <= MAX_BUNDLE_BYTES
+    report = verify_bundle(done.path)
+    assert report.ok, report.render()
+    assert report.worker["cases"] == done.manifest["reference"]["cases"] == 80  # 10 archetypes x 8 states
