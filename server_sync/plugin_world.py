@@ -139,11 +139,12 @@ class PluginWorld:
 
 def village_world(path: str | Path | None = None, npcs: int = 10, *, seed: int = 0) -> PluginWorld:
     """The example village (plugin.village) on a server: trees only, no model."""
-    from plugin.village import build_village
+    from plugin.village import VILLAGE_DIR, build_village
     from plugin.world import World
 
+    if path is not None and Path(path).resolve() != VILLAGE_DIR.resolve():
+        raise ValueError(f"--world {path}: only the example village ({VILLAGE_DIR}) can be "
+                         "served from a directory for now; use sim:NPCS for a generated world")
     world = World(fallback_generator(), seed=seed)
-    if path is not None and not Path(path).is_dir():
-        raise FileNotFoundError(f"--world {path}: not a directory of village trees")
     build_village(world, npcs)
     return PluginWorld(world)

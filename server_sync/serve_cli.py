@@ -3,9 +3,9 @@
     FLASHNPC_SECRET=... flashnpc serve --world examples/village --db world.sqlite
     FLASHNPC_SECRET=... flashnpc serve --issue-token alice     # print a token and exit
 
-``--world`` is a directory of village trees (served with ``plugin.World``, trees only) or
-``sim:NPCS[:CHANGES_PER_S[:SIZE]]``, the seeded load-test village of
-:func:`server_sync.world.sim_world`.
+``--world`` is ``examples/village`` (the default: plugin's example village, served with
+``plugin.World``, trees only) or ``sim:NPCS[:CHANGES_PER_S[:SIZE]]``, the seeded load-test
+village of :func:`server_sync.world.sim_world`.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8765, help="WebSocket port (default 8765)")
     parser.add_argument("--http-port", type=int, default=8766,
                         help="HTTP port for /health and /metrics (default 8766; -1: none)")
-    parser.add_argument("--world", default="examples/village",
-                        help="village tree directory, or sim:NPCS[:CHANGES_PER_S[:SIZE]]")
+    parser.add_argument("--world", default=None,
+                        help="examples/village (the default), or sim:NPCS[:CHANGES_PER_S[:SIZE]]")
     parser.add_argument("--npcs", type=int, default=10, help="villagers for a directory world")
     parser.add_argument("--db", default=None,
                         help="SQLite file for snapshots + journal (recovered on start)")
@@ -54,9 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write 'PORT HTTP_PORT' here once listening (for scripts)")
 
 
-def build_world(spec: str, *, npcs: int = 10, seed: int = 0) -> Any:
-    """The world named by ``--world`` (see the module docstring)."""
-    if spec.startswith("sim"):
+def build_world(spec: str | None, *, npcs: int = 10, seed: int = 0) -> Any:
+    """The world named by ``--world`` (see the module docstring; None: the village)."""
+    if spec is not None and spec.startswith("sim"):
         from .world import sim_world
 
         parts = spec.split(":")[1:]
