@@ -204,7 +204,7 @@ async function refresh(){
   document.getElementById('npcs').innerHTML='<tr><th>NPC</th><th>archetype</th><th>state</th></tr>'+
    npcs.map(n=>`<tr class="npc${n.id===selected?' sel':''}" data-id="${esc(n.id)}"><td>${esc(n.id)}</td>`+
    `<td>${esc(n.archetype)}</td><td><span class="st" style="background:${STATE_COLORS[n.state]||'#ddd'}">`+
-   `${esc(n.state)}</span>${n.players_near.length?' &#128100;':''}${n.asleep?' z':''}</td></tr>`).join('');
+   `${esc(n.state)}</span>${n.players_near.length?' <span title="a player is near">&#9679;</span>':''}${n.asleep?' <span class="meta" title="asleep">zz</span>':''}</td></tr>`).join('');
   for(const tr of document.querySelectorAll('tr.npc'))tr.onclick=()=>{selected=tr.dataset.id;refresh();};
   if(selected!==null){
    const d=await get('/api/npcs/'+encodeURIComponent(selected));
@@ -219,14 +219,15 @@ async function refresh(){
    `<span class="meta">(${esc(l.state)}, ${esc(l.intent)}, ${l.latency_ms.toFixed(0)} ms${l.fallback?', fallback':''})</span>`+
    `<br>${esc(l.text)}</div>`).join('');
   const m=await get('/api/metrics');
-  const e=m.engine||{},s=m.world;
+  const e=m.engine||{},s=m.world,pc=e.prefix_cache||{};
+  const ms=v=>v==null?'-':Number(v).toFixed(1)+' ms',pct=v=>v==null?'-':(100*v).toFixed(0)+'%';
   document.getElementById('metrics').textContent=
    `lines ${s.lines}  fallbacks ${s.fallbacks}  in flight ${s.in_flight}  queued ${s.queued}\\n`+
-   `latency p50 ${s.latency_ms_p50} ms  p99 ${s.latency_ms_p99} ms\\n`+
+   `latency p50 ${ms(s.latency_ms_p50)}  p99 ${ms(s.latency_ms_p99)}\\n`+
    `stale dropped ${s.dropped_stale}  regenerated ${s.regenerated}\\n`+
    `tree ticks ${s.tree_ticks}  sleeping ${s.trees_sleeping}\\n`+
-   `engine: ${JSON.stringify({lines:e.lines,fallback_reasons:e.fallback_reasons,prefix_cache_hit_rate:
-     e.prefix_cache&&e.prefix_cache.hit_rate,active_params_pct:e.active_params_pct})}`;
+   `engine: lines ${e.lines}  prefix-cache hits ${pct(pc.hit_rate)}\\n`+
+   `  fallbacks ${JSON.stringify(e.fallback_reasons||{})}  active params ${Number(e.active_params_pct||0).toFixed(1)}%`;
  }catch(err){document.getElementById('clock').textContent='disconnected: '+err;}
 }
 refresh();setInterval(refresh,700);

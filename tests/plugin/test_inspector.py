@@ -66,7 +66,7 @@ async def test_json_endpoints_show_the_running_world(village: World) -> None:
 
 
 def _chromium() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome", "headless_shell"):
+    for name in ("chromium", "chromium-browser", "chromium-headless-shell", "google-chrome", "headless_shell"):
         path = shutil.which(name)
         if path:
             return path
