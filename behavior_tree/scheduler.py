@@ -142,7 +142,12 @@ class TreeScheduler:
         horizon = now + _EPS  # float slack: a slot computed as 1.0000000000000002 is due at 1.0
         timers = self._timers
         while timers and timers[0][0] <= horizon:
-            _, _, e = heapq.heappop(timers)
+            deadline, _, e = heapq.heappop(timers)
+            # A timer from a sleep that a key change already cut short is stale: the tree may
+            # be asleep again with a later deadline, and waking it here would leave it marked
+            # awake but off the grid until that later deadline.
+            if deadline != e.tree.wake_deadline:
+                continue
             if not e.active and e.tree in self._entries and e.tree.asleep:
                 e.tree.asleep = False
                 e.active = True

@@ -228,3 +228,28 @@ def test_set_rate_moves_a_tree_to_a_slower_grid(factory):
     assert tree.tick_count == 14
     with pytest.raises(ValueError):
         sched.set_rate(tree, 0)
+
+
+def test_a_stale_timer_from_a_cut_short_sleep_does_not_strand_the_tree(factory, clock):
+    """Sleep 1 s, get woken early by a key, sleep again: the first sleep's timer must not
+    leave the tree marked awake but off the grid, deaf to the next key change."""
+    ticked_at = []
+
+    def watch(ctx):
+        ticked_at.append(ctx.now() - 100)
+        ctx.blackboard.get("alarm", 0)
+        ctx.sleep(1.0)
+        return R
+
+    factory.register_action("Watch", watch)
+    tree = factory.create_tree(wrap("<Watch/>"), clock=clock)
+    sched = TreeScheduler(rate_hz=8, seed=0)
+    sched.add(tree, phase=0.0, start=clock())
+    for k in range(13):  # 1.5 s in 1/8 s frames
+        if k == 4:  # t = 0.5: woken early, re-sleeps until 1.625
+            tree.blackboard.set("alarm", 1)
+        if k == 10:  # t = 1.25: after the stale 1.0 timer; must wake the tree again
+            tree.blackboard.set("alarm", 2)
+        sched.update(clock())
+        clock.advance(0.125)
+    assert ticked_at == [0.0, 0.5, 1.25]
