@@ -237,7 +237,6 @@ class World:
         self._latencies: deque[float] = deque(maxlen=4096)
         self._cache_hits = 0
         self._near_npcs: dict[Any, None] = {}  # NPCs with a player in range last frame
-        self._poked: dict[NPC, float] = {}  # NPC -> game time the world last wrote an input key
 
     # ------------------------------------------------------------------ clock
 
@@ -381,7 +380,6 @@ class World:
         self.scheduler.remove(npc.tree)
         self.grid.remove(npc_id)
         self._near_npcs.pop(npc_id, None)
-        self._poked.pop(npc, None)
         if npc._unobserve is not None:
             npc._unobserve()
         try:
@@ -476,7 +474,6 @@ class World:
             for key, value in entries.items():
                 if key in values or key == "is_night":
                     bb.set(key, value)
-            self._poked[npc] = self.time
 
     def _world_entries(self) -> dict[str, Any]:
         return {**self.context, "is_night": self.context["time_of_day"] == "night",
@@ -507,7 +504,6 @@ class World:
         self._queue = deque(r for r in self._queue if not (r.npc is npc and r.kind == "approach"))
         npc.cooldown_until = self.time + npc.speech_cooldown
         npc.blackboard.set("last_intent", intent)
-        self._poked[npc] = self.time
         req = self._new_request(npc, player, intent, "talk")
         self._queue.append(req)
         return req.id
@@ -558,8 +554,6 @@ class World:
         self.frame += 1
         self._proximity()
         self.scheduler.update(self.time)
-        if self._poked:
-            self._tick_missed()
         self._collect()  # first, so that finished lines free their slots for this frame's sends
         self._send()
         if self.deterministic:
@@ -633,32 +627,7 @@ class World:
     def _ticked(self, tree: Tree, status: Any) -> None:
         self._npc_of_tree[tree].last_tick = self.time
 
-    def _tick_missed(self) -> None:
-        """Tick by hand the trees the scheduler left deaf to the world's writes.
-
-        After the world writes an input key (player_near, last_intent, context...), a tree
-        that is not asleep must tick within one period. behavior_tree.TreeScheduler can miss
-        that: when a tree woken early by a key change falls asleep again with a later deadline,
-        the timer of its first sleep stays queued, and when it fires it marks the tree awake
-        without scheduling a tick before the second deadline — so the tree hears nothing
-        until then. (Reported to the behavior_tree owner; this works around it with public
-        calls only.)
-        """
-        now = self.time
-        done = []
-        for npc, t_write in self._poked.items():
-            tree = npc.tree
-            if npc.last_tick >= t_write or tree.asleep:
-                done.append(npc)
-            elif now - t_write > 1.5 / npc.rate_hz:
-                tree.tick()
-                npc.last_tick = now
-                done.append(npc)
-        for npc in done:
-            del self._poked[npc]
-
     def _write_near(self, npc: NPC) -> None:
-        self._poked[npc] = self.time
         bb = npc.blackboard
         near = npc.near
         bb.set("player_near", bool(near))
