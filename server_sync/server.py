@@ -56,6 +56,7 @@ class ServerConfig:
     hello_timeout_s: float = 5.0
     snapshot_every_s: float = 60.0
     admin_token: str | None = None
+    listen_backlog: int = 4096  # a reconnect storm must not overflow the accept queue
 
 
 class _Bucket:
@@ -96,7 +97,8 @@ class SyncServer:
         c = self.config
         self._ws_server = await serve(self._handler, c.host, c.port, max_size=c.max_frame,
                                       compression=None, max_queue=64, ping_interval=20,
-                                      ping_timeout=20, close_timeout=2)
+                                      ping_timeout=20, close_timeout=2,
+                                      backlog=c.listen_backlog)
         self.port = self._ws_server.sockets[0].getsockname()[1]
         if c.http_port is not None:
             from .http import start_http
