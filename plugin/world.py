@@ -206,7 +206,7 @@ class World:
         self.max_tokens = max_tokens
         self.max_regenerations = max_regenerations
         if factory is None:
-            from behavior_tree.demo import register_generic_nodes
+            from behavior_tree.generic_nodes import register_generic_nodes
 
             factory = register_generic_nodes(Factory())
         self.factory = factory
