@@ -33,12 +33,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.duration > 0 or not args.fps > 0:
         print("error: --duration and --fps must be positive", file=sys.stderr)
         return 2
-    from runtime.generator import LineGenerator, ModelLoadError
-
-    try:
-        gen = LineGenerator.load(args.model)
-    except ModelLoadError as exc:
-        print(f"error: cannot load the model: {exc}", file=sys.stderr)
+    gen = load_generator(args.model)
+    if gen is None:
         return 1
     try:
         run_village(gen, seed=args.seed, npcs=args.npcs, duration=args.duration, fps=args.fps,
@@ -46,6 +42,18 @@ def run(args: argparse.Namespace) -> int:
     finally:
         gen.close()
     return 0
+
+
+def load_generator(model: str | None) -> Any:
+    """The line engine for ``--model`` (None: the shipped model), or None after printing why
+    it could not load."""
+    from runtime.generator import LineGenerator, ModelLoadError
+
+    try:
+        return LineGenerator.load(model)
+    except ModelLoadError as exc:
+        print(f"error: cannot load the model: {exc}", file=sys.stderr)
+        return None
 
 
 def run_village(generator: Any, *, seed: int = 0, npcs: int = 10, duration: float = 120.0,

@@ -32,12 +32,10 @@ def run(args: argparse.Namespace) -> int:
     if args.npcs < 1 or not args.day > 0 or not args.fps > 0 or args.duration < 0:
         print("error: --npcs, --day and --fps must be positive, --duration >= 0", file=sys.stderr)
         return 2
-    from runtime.generator import LineGenerator, ModelLoadError
+    from .demo_cli import load_generator
 
-    try:
-        gen = LineGenerator.load(args.model)
-    except ModelLoadError as exc:
-        print(f"error: cannot load the model: {exc}", file=sys.stderr)
+    gen = load_generator(args.model)
+    if gen is None:
         return 1
     try:
         asyncio.run(serve_village(gen, host=args.host, port=args.port, npcs=args.npcs, seed=args.seed,
