@@ -85,6 +85,7 @@ class SyncServer:
         self.tick_history: deque[float] = deque(maxlen=4096)
         self.tick_overruns = 0
         self.started_at = time.time()
+        self.last_tick_error: tuple[float, str] | None = None
         self._closing: set[ServerConnection] = set()
         self._ws_server: Any = None
         self._http_runner: Any = None
@@ -139,6 +140,8 @@ class SyncServer:
         period = 1.0 / self.config.tick_hz
         if self._tick_task is None or self._tick_task.done():
             reasons.append("tick loop not running")
+        if self.last_tick_error is not None and time.time() - self.last_tick_error[0] < 60:
+            reasons.append(f"a tick failed in the last minute: {self.last_tick_error[1]}")
         if self.tick_seconds > period:
             reasons.append(f"last tick took {self.tick_seconds * 1000:.0f} ms "
                            f"(budget {period * 1000:.0f} ms)")
@@ -166,9 +169,10 @@ class SyncServer:
             dt, last = min(now - last, 0.25), now
             try:
                 out = self.core.tick(dt, now)
-            except Exception:
+            except Exception as exc:  # e.g. the database is full: say so on /health
                 log.exception("tick failed")
                 self.errors["tick_failed"] += 1
+                self.last_tick_error = (time.time(), repr(exc))
                 continue
             for s in out:
                 self._flush(s)

@@ -166,3 +166,23 @@ async def test_health_and_metrics_over_http():
 
 async def test_the_server_binds_to_loopback_by_default():
     assert ServerConfig(secret=SECRET).host == "127.0.0.1"
+
+
+async def test_health_turns_degraded_with_the_reason_when_a_tick_fails(tmp_path):
+    from server_sync.persistence import Store
+
+    world = sim_world(20, changes_per_s=100, size=50.0)
+    store = Store(tmp_path / "w.sqlite")
+    srv = SyncServer(world, ServerConfig(secret=SECRET, port=0, http_port=None), store)
+    await srv.start()
+    try:
+        await until(lambda: srv.core.ticks > 2, 5, "ticks")
+        assert srv.health()["status"] == "ready"
+        store.db.close()  # the journal can no longer be written
+        await until(lambda: srv.errors["tick_failed"] > 0, 5, "a failed tick")
+        health = srv.health()
+        assert health["status"] == "degraded"
+        assert any("tick failed" in r for r in health["reasons"])
+    finally:
+        store.close = lambda: None  # already closed
+        await srv.stop()
