@@ -31,7 +31,7 @@ from websockets.exceptions import ConnectionClosed
 from .auth import verify_token
 from .core import Session, SyncCore
 from .persistence import Store
-from .protocol import ProtocolError, decode_client, encode
+from .protocol import PROTOCOL_VERSION, ProtocolError, decode_client, encode
 from .world import SyncWorld
 
 __all__ = ["ServerConfig", "SyncServer"]
@@ -245,6 +245,9 @@ class SyncServer:
                 raise ProtocolError("not_authenticated", f"first message must be hello, "
                                                          f"got {msg['t']}")
             player = verify_token(c.secret, msg["token"])
+            if msg["v"] != PROTOCOL_VERSION:  # refuse before touching a live connection
+                raise ProtocolError("unsupported_version", f"server speaks protocol "
+                                    f"{PROTOCOL_VERSION}, client {msg['v']}")
             old = self.conns.pop(player, None)
             if old is not None:  # often a dropped link the server has not noticed yet
                 self._kick(old, "replaced", "player connected again", notify=True)
