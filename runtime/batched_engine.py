@@ -112,7 +112,7 @@ def flash_from_onnx(onnx_path: str | Path, config: FlashConfig) -> Flash:
     def plain(name: str) -> Tensor:
         if name not in inits:
             raise EngineLoadError(f"{path}: ONNX graph has no initializer {name!r}")
-        return torch.from_numpy(np.ascontiguousarray(inits[name], dtype=np.float32))
+        return torch.from_numpy(np.array(inits[name], dtype=np.float32))
 
     wte_key = "wte_fp16" if "wte_fp16" in inits else "wte"
     lm_head = _int4_weight(inits, "lm_head", v, c, blk)
@@ -807,7 +807,7 @@ class BatchedEngine:
         idx = self._mask_ids.get(key)
         if idx is None:
             idx = len(self._mask_ids)
-            mask = torch.as_tensor(self.banned.blocked(state, last=last), device=self.device).unsqueeze(0)
+            mask = torch.tensor(np.array(self.banned.blocked(state, last=last)), device=self.device).unsqueeze(0)
             self._mask_table = torch.cat([self._mask_table, mask])
             self._mask_ids[key] = idx
         return idx
