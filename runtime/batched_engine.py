@@ -42,7 +42,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -235,7 +235,10 @@ def sample_rows(logits: Tensor, u: Tensor, temperature: Tensor, top_k: Tensor, t
         # every row keeps at most k_max tokens: a partial sort is enough (ties between equal
         # finite logits, the only place topk and a stable sort could differ, do not occur in
         # practice; tied -inf entries get probability 0 either way)
-        sz, order = torch.topk(z, k_max, dim=-1, largest=True, sorted=True)
+        # (ordering the float32 logits orders z: dividing by one positive temperature in float64
+        # keeps distinct float32 values distinct and in order)
+        order = torch.topk(torch.nan_to_num(logits.float(), nan=float("-inf")), k_max, dim=-1, sorted=True)[1]
+        sz = z.gather(1, order)
     else:
         sz, order = torch.sort(z, dim=-1, descending=True, stable=True)
     width = sz.shape[1]
@@ -248,14 +251,17 @@ def sample_rows(logits: Tensor, u: Tensor, temperature: Tensor, top_k: Tensor, t
     nucleus = keep & ((cum_before < tp) | (rank == 0))
     p = torch.where(tp < 1.0, p * nucleus, p)
     p = p / p.sum(dim=-1, keepdim=True)
-    probs = torch.zeros((b, v), dtype=p.dtype, device=p.device).scatter_(1, order, p)
+    # the id-ordered cdf of sample_next, over the candidate ids only (the others have
+    # probability 0 and add nothing to it): sort the candidates by id
+    ids_sorted, perm = torch.sort(order, dim=-1)
+    probs = p.gather(1, perm)
     cdf = torch.cumsum(probs, dim=-1)
     x = (u.double() * cdf[:, -1]).unsqueeze(1)
-    idx = torch.searchsorted(cdf, x, right=True).clamp_max(v - 1)
+    idx = torch.searchsorted(cdf, x, right=True).clamp_max(width - 1)
     # like sample_next: step back to the last id with probability at or before idx
-    ids = torch.arange(v, device=logits.device).unsqueeze(0).expand(b, v)
-    prev_nz = torch.where(probs > 0, ids, torch.full_like(ids, -1)).cummax(dim=-1).values
-    picked = prev_nz.gather(1, idx).squeeze(1)
+    cols = torch.arange(width, device=logits.device).unsqueeze(0).expand(b, width)
+    prev_nz = torch.where(probs > 0, cols, torch.zeros_like(cols)).cummax(dim=-1).values
+    picked = ids_sorted.gather(1, prev_nz.gather(1, idx)).squeeze(1)
     return torch.where(temperature <= 0, greedy, picked)
 
 
@@ -306,20 +312,15 @@ class GenResult:
         return self.token_times[0] - self.t_submit if self.token_times else None
 
 
-@dataclass
+@dataclass(eq=False)
 class _Seq:
+    """A request's identity; its decoding state lives in the engine's per-slot arrays."""
+
     req: GenRequest
     t_submit: float
     key: int
     budget: int
     t_admit: float | None = None
-    pos: int = 0               # tokens in its KV slot
-    next_token: int = -1       # input of its next decode step
-    tokens: list[int] = field(default_factory=list)
-    times: list[float] = field(default_factory=list)
-    state: WordState = field(default_factory=WordState)
-    conf_sum: float = 0.0
-    lp_sum: float = 0.0
     cached: int = 0
     cancelled: bool = False
 
@@ -405,10 +406,34 @@ class BatchedEngine:
                               dtype=dtype, device=dev)
         self.banned = BannedWordMask(banned_words, tokenizer)
         self.banned.precompute()
-        self._mask_ids: dict[tuple[WordState, bool], int] = {}
+        # banned-word states: ids, a lazily filled transition table [state, token] -> state (-1 =
+        # not computed yet) and their masks on the device (row 2 * state + last)
+        self._states: list[WordState] = []
+        self._state_ids: dict[WordState, int] = {}
+        self._trans = np.full((0, cfg.vocab_size), -1, dtype=np.int32)
         self._mask_table = torch.zeros((0, cfg.vocab_size), dtype=torch.bool, device=dev)
-        self._step_memo: dict[tuple[WordState, int], WordState] = {}
+        self._state_id(WordState())
         self._extra_block = torch.zeros((max_batch, cfg.vocab_size), dtype=torch.bool, device=dev)
+        # per-slot decoding state (row i of the running batch is slot i)
+        s = max_batch
+        self._n = np.zeros(s, dtype=np.int64)          # tokens sampled
+        self._budget = np.zeros(s, dtype=np.int64)
+        self._min = np.zeros(s, dtype=np.int64)
+        self._temp = np.zeros(s, dtype=np.float64)
+        self._topk = np.zeros(s, dtype=np.int64)
+        self._topp = np.zeros(s, dtype=np.float64)
+        self._key = np.zeros(s, dtype=np.int64)
+        self._state = np.zeros(s, dtype=np.int64)
+        self._lp = np.zeros(s, dtype=np.float64)
+        self._conf = np.zeros(s, dtype=np.float64)
+        self._next = np.zeros(s, dtype=np.int64)       # input token of the next decode step
+        self._pos = np.zeros(s, dtype=np.int64)        # tokens in the slot's KV
+        self._cb = np.zeros(s, dtype=bool)             # has an on_token callback
+        self._toks = np.zeros((s, cfg.block_size), dtype=np.int64)
+        self._times = np.zeros((s, cfg.block_size), dtype=np.float64)
+        self._slot_arrays = [self._n, self._budget, self._min, self._temp, self._topk, self._topp, self._key,
+                             self._state, self._lp, self._conf, self._next, self._pos, self._cb, self._toks,
+                             self._times]
         self.eos = tokenizer.eos_id
         if block_cache is None and use_block_cache:
             block_cache = BlockCache(block_tokens=block_tokens,
@@ -500,39 +525,35 @@ class BatchedEngine:
             self._store_blocks(new)
             toks, lps = self._sample(logits)
         now = time.perf_counter()
-        conf_h = conf.float().cpu().numpy() if conf is not None else None
-        out = torch.stack([toks.double(), lps.double()], dim=1).cpu().numpy()
+        b = len(self.rows)
+        cols = [toks.double(), lps.double()] + ([conf.double()] if conf is not None else [])
+        out = torch.stack(cols, dim=1).cpu().numpy()
         self.steps += 1
-        keep: list[int] = []
-        for i, seq in enumerate(self.rows):
-            tok = int(out[i, 0])
-            if seq.cancelled:
-                finished.append(self._result(seq, "cancelled", now))
-                continue
-            if tok < 0:  # every token was blocked
-                finished.append(self._result(seq, "eos", now))
-                continue
-            if tok == self.eos:
-                finished.append(self._result(seq, "eos", now))
-                continue
-            seq.tokens.append(tok)
-            seq.times.append(now)
-            seq.lp_sum += float(out[i, 1])
-            if conf_h is not None:
-                seq.conf_sum += float(conf_h[i])
-            seq.state = self._advance(seq.state, tok)
-            seq.next_token = tok
-            self.tokens_generated += 1
-            if seq.req.on_token is not None:
-                try:
-                    seq.req.on_token(tok, now)
-                except Exception:
-                    log.exception("on_token callback failed")
-            if len(seq.tokens) >= seq.budget:
-                finished.append(self._result(seq, "length", now))
-                continue
-            keep.append(i)
-        self._compact(keep)
+        tok = out[:, 0].astype(np.int64)
+        cancelled = np.fromiter((s.cancelled for s in self.rows), dtype=bool, count=b)
+        emit = ~cancelled & (tok >= 0) & (tok != self.eos)
+        idx = np.nonzero(emit)[0]
+        t_idx = tok[idx]
+        n_idx = self._n[idx]
+        self._toks[idx, n_idx] = t_idx
+        self._times[idx, n_idx] = now
+        self._lp[idx] += out[idx, 1]
+        if conf is not None:
+            self._conf[idx] += out[idx, 2]
+        self._n[idx] = n_idx + 1
+        self._next[idx] = t_idx
+        self._state[idx] = self._advance(self._state[idx], t_idx)
+        self.tokens_generated += len(idx)
+        for i in idx[self._cb[idx]]:
+            try:
+                self.rows[i].req.on_token(int(tok[i]), now)  # type: ignore[misc]
+            except Exception:
+                log.exception("on_token callback failed")
+        full = emit & (self._n[:b] >= self._budget[:b])
+        for i in np.nonzero(~emit | full)[0]:
+            why = "cancelled" if cancelled[i] else ("length" if emit[i] else "eos")
+            finished.append(self._result(int(i), why, now))
+        self._compact(np.nonzero(emit & ~full)[0])
         return finished
 
     def run_until_idle(self, on_result: Callable[[GenResult], None]) -> None:
@@ -546,7 +567,8 @@ class BatchedEngine:
         now = time.perf_counter()
         with self._lock:
             waiting, self._waiting = list(self._waiting), deque()
-        out = [self._result(s, "error", now) for s in [*self.rows, *waiting]]
+        out = [self._result(i, "error", now) for i in range(len(self.rows))]
+        out += [self._waiting_result(s, "error", now) for s in waiting]
         self.rows = []
         return out
 
@@ -561,7 +583,7 @@ class BatchedEngine:
                 seq = self._waiting[0]
                 if seq.cancelled:
                     self._waiting.popleft()
-                    finished.append(self._result(seq, "cancelled", now))
+                    finished.append(self._waiting_result(seq, "cancelled", now))
                     continue
                 if new and len(seq.req.ids) > budget:
                     break
@@ -580,6 +602,12 @@ class BatchedEngine:
         pinned: list[int] = []
         for j, seq in enumerate(new):
             slot = first_slot + j
+            r = seq.req
+            for arr, value in ((self._n, 0), (self._budget, seq.budget), (self._min, r.min_tokens),
+                               (self._temp, r.temperature), (self._topk, r.top_k), (self._topp, r.top_p),
+                               (self._key, seq.key), (self._state, 0), (self._lp, 0.0), (self._conf, 0.0),
+                               (self._pos, 0), (self._cb, r.on_token is not None)):
+                arr[slot] = value
             self._extra_block[slot].zero_()
             if seq.req.blocked_tokens:
                 self._extra_block[slot, torch.as_tensor(list(seq.req.blocked_tokens), device=self.device)] = True
@@ -594,7 +622,7 @@ class BatchedEngine:
                 dst_pos.append(b * bt)
                 blocks.append(idx)
             seq.cached = len(got) * bt
-            seq.pos = seq.cached
+            self._pos[slot] = seq.cached
         if blocks:
             pool = self.block_cache.pool[torch.as_tensor(blocks, device=self.device)]  # [P, L, 2, H, bt, D]
             pos = torch.as_tensor(dst_pos, device=self.device).unsqueeze(1) + torch.arange(bt, device=self.device)
@@ -629,19 +657,20 @@ class BatchedEngine:
     def _run(self, n_dec: int, new: list[_Seq]) -> tuple[Tensor, Tensor | None]:
         """Logits [B, V] (float32) of each row's last fed token, and router confidence [B]."""
         dev = self.device
-        dec_tok = [s.next_token for s in self.rows[:n_dec]]
-        dec_pos = [s.pos for s in self.rows[:n_dec]]
+        dec_tok = self._next[:n_dec]
+        dec_pos = self._pos[:n_dec]
         pre_tok: list[int] = []
         pre_pos: list[int] = []
         pre_slot: list[int] = []
         last_idx: list[int] = []
         for j, seq in enumerate(new):
-            rest = list(seq.req.ids)[seq.pos:]
+            start = int(self._pos[n_dec + j])
+            rest = list(seq.req.ids)[start:]
             pre_tok += rest
-            pre_pos += range(seq.pos, seq.pos + len(rest))
+            pre_pos += range(start, start + len(rest))
             pre_slot += [n_dec + j] * len(rest)
             last_idx.append(len(pre_tok) - 1)
-            seq.pos += len(rest)
+            self._pos[n_dec + j] += len(rest)
         outs: list[tuple[Tensor, Tensor | None]] = []
         if n_dec:
             if self.cuda_graphs:
@@ -649,9 +678,8 @@ class BatchedEngine:
             else:
                 t = torch.as_tensor(dec_tok, device=dev)
                 p = torch.as_tensor(dec_pos, device=dev)
-                outs.append(self._forward(t, p, None, max(dec_pos) + 1, torch.arange(n_dec, device=dev)))
-            for s in self.rows[:n_dec]:
-                s.pos += 1
+                outs.append(self._forward(t, p, None, int(dec_pos.max()) + 1, torch.arange(n_dec, device=dev)))
+            self._pos[:n_dec] += 1
         if new:
             t = torch.as_tensor(pre_tok, device=dev)
             p = torch.as_tensor(pre_pos, device=dev)
@@ -713,7 +741,9 @@ class BatchedEngine:
         order = torch.argsort(expert_of, stable=True)
         token_of = order // k
         weight_of = top_p.reshape(-1)[order].unsqueeze(1)
-        counts = torch.bincount(expert_of, minlength=moe.n_expert)
+        # scatter_add, not bincount: bincount syncs with the host on CUDA (no graph capture)
+        counts = torch.zeros(moe.n_expert, dtype=torch.long, device=x.device).scatter_add_(
+            0, expert_of, torch.ones_like(expert_of))
         out = torch.zeros_like(x)
         if self.moe_impl == "grouped_mm":
             offs = torch.cumsum(counts, 0).to(torch.int32)
@@ -758,7 +788,7 @@ class BatchedEngine:
 
     # ------------------------------------------------------------ CUDA graphs
 
-    def _graph_decode(self, dec_tok: list[int], dec_pos: list[int]) -> tuple[Tensor, Tensor | None]:
+    def _graph_decode(self, dec_tok: np.ndarray, dec_pos: np.ndarray) -> tuple[Tensor, Tensor | None]:
         n = len(dec_tok)
         bucket = 1
         while bucket < n:
@@ -802,36 +832,36 @@ class BatchedEngine:
 
     # ------------------------------------------------------------ sampling
 
-    def _mask_row(self, state: WordState, last: bool) -> int:
-        key = (state, last)
-        idx = self._mask_ids.get(key)
-        if idx is None:
-            idx = len(self._mask_ids)
-            mask = torch.tensor(np.array(self.banned.blocked(state, last=last)), device=self.device).unsqueeze(0)
-            self._mask_table = torch.cat([self._mask_table, mask])
-            self._mask_ids[key] = idx
-        return idx
+    def _state_id(self, state: WordState) -> int:
+        """The id of a banned-word state, registering it (and its two masks) on first sight."""
+        sid = self._state_ids.get(state)
+        if sid is None:
+            sid = len(self._states)
+            self._states.append(state)
+            self._state_ids[state] = sid
+            self._trans = np.concatenate([self._trans, np.full((1, self._trans.shape[1]), -1, np.int32)])
+            masks = np.stack([self.banned.blocked(state, last=False), self.banned.blocked(state, last=True)])
+            self._mask_table = torch.cat([self._mask_table, torch.tensor(masks, device=self.device)])
+        return sid
 
-    def _advance(self, state: WordState, tok: int) -> WordState:
-        key = (state, tok)
-        nxt = self._step_memo.get(key)
-        if nxt is None:
-            if len(self._step_memo) > 200_000:
-                self._step_memo.clear()
-            nxt = self._step_memo[key] = self.banned.step(state, tok)
+    def _advance(self, states: np.ndarray, toks: np.ndarray) -> np.ndarray:
+        """Banned-word states after ``toks`` (vectorised through the transition table)."""
+        nxt = self._trans[states, toks].astype(np.int64)
+        for j in np.nonzero(nxt < 0)[0]:
+            st, tk = int(states[j]), int(toks[j])
+            if self._trans[st, tk] < 0:
+                self._trans[st, tk] = self._state_id(self.banned.step(self._states[st], tk))
+            nxt[j] = self._trans[st, tk]
         return nxt
 
     def _sample(self, logits: Tensor) -> tuple[Tensor, Tensor]:
         """(token per row, -1 where every token is blocked; its log-probability)."""
-        rows = self.rows
-        b = len(rows)
+        b = len(self.rows)
         dev = self.device
-        host = np.empty((b, 7), dtype=np.float64)
-        for i, s in enumerate(rows):
-            n = len(s.tokens)
-            host[i] = (self._mask_row(s.state, n + 1 >= s.budget), n < s.req.min_tokens, s.req.temperature,
-                       s.req.top_k, s.req.top_p, float(n), 0.0)
-        keys = torch.as_tensor(np.array([s.key for s in rows], dtype=np.int64), device=dev)
+        n = self._n[:b]
+        host = np.stack([self._state[:b] * 2 + (n + 1 >= self._budget[:b]), n < self._min[:b], self._temp[:b],
+                         self._topk[:b], self._topp[:b], n], axis=1).astype(np.float64)
+        keys = torch.as_tensor(self._key[:b], device=dev)
         hd = torch.as_tensor(host, device=dev)
         blocked = self._mask_table[hd[:, 0].long()] | self._extra_block[:b]
         blocked[:, self.eos] |= hd[:, 1] > 0
@@ -839,28 +869,37 @@ class BatchedEngine:
         alive = torch.isfinite(masked).any(dim=-1)
         u = counter_uniform(keys, hd[:, 5].long())
         tok = sample_rows(masked.masked_fill(~alive.unsqueeze(1), 0.0), u, hd[:, 2], hd[:, 3].long(), hd[:, 4])
-        lp = torch.log_softmax(logits.double(), dim=-1).gather(1, tok.unsqueeze(1)).squeeze(1)
+        lp = logits.gather(1, tok.unsqueeze(1)).squeeze(1) - torch.logsumexp(logits, dim=-1)
         return torch.where(alive, tok, torch.full_like(tok, -1)), lp
 
     # ------------------------------------------------------------ bookkeeping
 
-    def _compact(self, keep: list[int]) -> None:
-        """Keep rows ``keep`` (in order) in slots 0..len(keep)-1, moving their KV and masks."""
+    def _compact(self, keep: np.ndarray) -> None:
+        """Keep rows ``keep`` (ascending) in slots 0..len(keep)-1, moving their KV, masks and state."""
         if len(keep) == len(self.rows):
             return
-        moves = [(dst, src) for dst, src in enumerate(keep) if dst != src]
-        if moves:
-            dst = torch.as_tensor([m[0] for m in moves], device=self.device)
-            src = torch.as_tensor([m[1] for m in moves], device=self.device)
+        moved = np.nonzero(keep != np.arange(len(keep)))[0]
+        if len(moved):
+            src_np = keep[moved]
+            dst = torch.as_tensor(moved, device=self.device)
+            src = torch.as_tensor(src_np, device=self.device)
             self.kv[:, :, dst] = self.kv[:, :, src]
             self._extra_block[dst] = self._extra_block[src]
+            for arr in self._slot_arrays:
+                arr[moved] = arr[src_np]
         self.rows = [self.rows[i] for i in keep]
 
-    def _result(self, seq: _Seq, finish: str, now: float) -> GenResult:
-        n = len(seq.tokens)
-        return GenResult(seq.req, list(seq.tokens), finish, seq.t_submit, seq.t_admit, now, list(seq.times),
-                         seq.cached, seq.conf_sum / n if n and self.n_moe else None,
-                         seq.lp_sum / n if n else None)
+    def _result(self, i: int, finish: str, now: float) -> GenResult:
+        """The result of running row ``i``."""
+        seq = self.rows[i]
+        n = int(self._n[i])
+        return GenResult(seq.req, self._toks[i, :n].tolist(), finish, seq.t_submit, seq.t_admit, now,
+                         self._times[i, :n].tolist(), seq.cached,
+                         float(self._conf[i]) / n if n and self.n_moe else None,
+                         float(self._lp[i]) / n if n else None)
+
+    def _waiting_result(self, seq: _Seq, finish: str, now: float) -> GenResult:
+        return GenResult(seq.req, [], finish, seq.t_submit, seq.t_admit, now, [], 0)
 
     def describe(self) -> dict[str, Any]:
         """Device, dtype, expert implementation and sizes (for logs and benchmark reports)."""
