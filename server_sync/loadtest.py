@@ -297,6 +297,25 @@ def run_loadtest(cfg: LoadConfig, *, log: Any = print) -> dict[str, Any]:
                 server.kill()
 
 
+def _next(q: Any, procs: list[Any], server: subprocess.Popen[bytes],
+          timeout: float) -> tuple[str, int, Any]:
+    """The next worker message; fails fast if a worker or the server died."""
+    import queue
+
+    deadline = time.time() + timeout
+    while True:
+        try:
+            return q.get(timeout=1.0)
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(f"a client worker exited with code {dead[0]}") from None
+            if server.poll() is not None:
+                raise RuntimeError(f"the server exited with code {server.returncode}") from None
+            if time.time() > deadline:
+                raise RuntimeError(f"no word from the client workers in {timeout:.0f} s") from None
+
+
 def _drive(cfg: LoadConfig, server: subprocess.Popen[bytes], url: str, admin_url: str,
            admin: str, secret: bytes, tmp: Path, out: Path, log: Any, np: Any) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
@@ -316,7 +335,7 @@ def _drive(cfg: LoadConfig, server: subprocess.Popen[bytes], url: str, admin_url
     t_start = time.time()
     ramped = 0
     while ramped < cfg.procs:
-        kind, i, payload = q.get(timeout=300)
+        kind, i, payload = _next(q, procs, server, 300)
         if kind == "fatal":
             raise RuntimeError(f"worker {i} failed: {payload}")
         if kind == "ramped":
@@ -357,7 +376,7 @@ def _drive(cfg: LoadConfig, server: subprocess.Popen[bytes], url: str, admin_url
     stop_moving.set()
     settled = unacked = 0
     while settled < cfg.procs:
-        kind, i, payload = q.get(timeout=cfg.settle_timeout + 60)
+        kind, i, payload = _next(q, procs, server, cfg.settle_timeout + 60)
         if kind == "fatal":
             raise RuntimeError(f"worker {i} failed: {payload}")
         if kind == "settled":
@@ -379,7 +398,7 @@ def _drive(cfg: LoadConfig, server: subprocess.Popen[bytes], url: str, admin_url
     verify_go.set()
     results = []
     while len(results) < cfg.procs:
-        kind, i, payload = q.get(timeout=300)
+        kind, i, payload = _next(q, procs, server, 300)
         if kind == "fatal":
             raise RuntimeError(f"worker {i} failed: {payload}")
         if kind == "done":
