@@ -223,7 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--moe", default="auto", choices=["auto", "loop", "grouped_mm"])
     ap.add_argument("--no-client", action="store_true")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--budget-s", type=float, default=0.0,
+                    help="skip the sweep points that would end past this many seconds from the start (0: none)")
     args = ap.parse_args(argv)
+    t_start = time.perf_counter()
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -277,6 +280,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         desc = engine.describe()
         for c in sorted(args.sweep):
+            if args.budget_s and time.perf_counter() - t_start + args.seconds + 3 > args.budget_s:
+                runs.append({"concurrency": c, "graphs": graphs, "error": "skipped: time budget"})
+                print(f"  C={c} graphs={graphs}: skipped (time budget)", flush=True)
+                continue
             engine.max_batch = c  # the KV slots were sized for the largest point
             try:
                 with torch.inference_mode():
@@ -293,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
 
     base = client.get("tokens_per_s") if client else None
     print()
-    print(f"client engine (single stream): {fmt(base, '.0f')} tok/s, "
+    print(f"{client.get('peer') if client else 'client'}: {fmt(base, '.0f')} tok/s, "
           f"{fmt(client.get('lines_per_s') if client else None, '.1f')} lines/s, "
           f"p50 {fmt(client.get('e2e_ms_p50') if client else None)} ms")
     head = ("| sessions | graphs | moe | lines/s | tokens/s | x client | e2e p50 ms | e2e p99 ms | ttft p50 | ttft p99 "
@@ -310,6 +317,15 @@ def main(argv: list[str] | None = None) -> int:
               f"| {fmt(r['ttft_ms_p99'])} | {fmt(r['itl_ms_mean'], '.2f')} | {r['batch_mean']:.0f} | {r['step_ms']:.2f} "
               f"| {fmt(r['prefix_hit_rate'], '.2f')} |")
         r["x_client"] = ratio
+    good = [r for r in runs if "error" not in r and r["e2e_ms_p99"] is not None]
+    for slo in (100.0, 300.0):
+        fit = [r for r in good if r["e2e_ms_p99"] <= slo]
+        best = max(fit, key=lambda r: r["lines_per_s"]) if fit else None
+        report[f"best_within_p99_{int(slo)}ms"] = best
+        print(f"best within p99 e2e <= {slo:.0f} ms: " + (
+            f"{best['lines_per_s']:.0f} lines/s, {best['tokens_per_s']:.0f} tok/s at {best['concurrency']} sessions "
+            f"(graphs={int(best['graphs'])})" if best else "none"))
+    report["wall_s"] = time.perf_counter() - t_start
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
