@@ -445,7 +445,7 @@ class BatchedEngine:
         self.cuda_graphs = bool(cuda_graphs and dev.type == "cuda" and self.moe_impl == "grouped_mm")
         if cuda_graphs and not self.cuda_graphs:
             log.warning("CUDA graphs need a CUDA device and grouped experts; running eagerly")
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor, Tensor, Tensor]] = {}
+        self._graphs: dict[int, tuple[Callable[[], Any], Tensor, Tensor, Tensor]] = {}
         self._waiting: deque[_Seq] = deque()
         self._lock = threading.Lock()
         self.rows: list[_Seq] = []
@@ -798,18 +798,18 @@ class BatchedEngine:
         entry = self._graphs.get(bucket)
         if entry is None:
             entry = self._capture(bucket)
-        graph, tok_buf, pos_buf, out = entry[0], entry[1], entry[2], entry[3]
+        replay, tok_buf, pos_buf, out = entry
         tok_buf.zero_()
         # padding rows write the last position of free or newly admitted slots, which every row
         # overwrites itself before it could attend to it
         pos_buf.fill_(self.block_size - 1)
         tok_buf[:n] = torch.as_tensor(dec_tok, device=self.device)
         pos_buf[:n] = torch.as_tensor(dec_pos, device=self.device)
-        graph.replay()
+        replay()
         logits = out[:n, :-1]
         return logits, out[:n, -1]
 
-    def _capture(self, bucket: int) -> tuple[Any, Tensor, Tensor, Tensor]:
+    def _capture(self, bucket: int) -> tuple[Callable[[], Any], Tensor, Tensor, Tensor]:
         tok_buf = torch.zeros(bucket, dtype=torch.long, device=self.device)
         # the warm-up runs execute: write only the last position, which every row overwrites
         # itself before it could attend to it (position 0 holds running rows' first keys)
@@ -821,16 +821,25 @@ class BatchedEngine:
             c = conf if conf is not None else torch.ones(bucket, device=self.device)
             return torch.cat([logits, c.float().unsqueeze(1)], dim=1)
 
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                run()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        replay: Callable[[], Any]
+        if self.device.type == "cuda":
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    run()
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = run()
+            replay = graph.replay
+        else:  # the same static buffers and padding, replayed eagerly (checks the bucketing on a CPU)
             out = run()
-        self._graphs[bucket] = (graph, tok_buf, pos_buf, out)
+
+            def replay() -> None:
+                out.copy_(run())
+
+        self._graphs[bucket] = (replay, tok_buf, pos_buf, out)
         return self._graphs[bucket]
 
     # ------------------------------------------------------------ sampling

@@ -183,3 +183,17 @@ def test_counter_uniforms_are_deterministic_and_uniform():
     assert float(u.min()) >= 0 and float(u.max()) < 1
     assert abs(float(u.mean()) - 0.5) < 0.02
     assert not torch.equal(u, counter_uniform(seeds, torch.ones_like(seeds)))
+
+
+def test_graph_bucketing_with_padding_rows_keeps_lines_unchanged(loaded):
+    # the CUDA-graph decode path (static buffers, power-of-two buckets, padding rows) replayed
+    # eagerly on a CPU: rows finish at different times, so the bucket shrinks under live rows
+    tok = loaded[1]
+    reqs = [GenRequest(ids, seed=40 + i, max_tokens=3 + 2 * i, min_tokens=3 + 2 * i)
+            for i, ids in enumerate(prompts(tok, 7))]
+    eng = engine(loaded, max_batch=8)
+    eng.cuda_graphs = True
+    graphed = eng.generate(reqs)
+    assert len(eng._graphs) >= 3
+    for req, res in zip(reqs, graphed):
+        assert res.tokens == engine(loaded, use_block_cache=False).generate([req])[0].tokens
