@@ -138,6 +138,7 @@ def closed_loop(engine: BatchedEngine, prompts: list[list[int]], concurrency: in
     cache = engine.block_cache
     q0 = cache.stats.queried_tokens if cache else 0
     h0 = sum(cache.stats.hits.values()) if cache else 0
+    tok0 = engine.tokens_generated
     done: list[GenResult] = []
     batch: list[int] = []
     steps = 0
@@ -153,6 +154,7 @@ def closed_loop(engine: BatchedEngine, prompts: list[list[int]], concurrency: in
             submit()
     sync(engine)
     dt = time.perf_counter() - t0
+    n_tok = engine.tokens_generated - tok0  # every token decoded in the window, finished lines or not
     # drain, so the next point starts empty
     while engine.has_work():
         for h in list(engine.rows):
@@ -161,7 +163,6 @@ def closed_loop(engine: BatchedEngine, prompts: list[list[int]], concurrency: in
             for s in engine._waiting:
                 s.cancelled = True
         engine.step()
-    n_tok = sum(len(r.tokens) for r in done)
     e2e = [(r.t_done - r.t_submit) * 1e3 for r in done]
     ttft = [r.ttft_s * 1e3 for r in done if r.ttft_s is not None]
     itl = [(b - a) * 1e3 for r in done for a, b in zip(r.token_times, r.token_times[1:])]
@@ -295,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(r)
             if "error" not in r:
                 print(f"  C={c:5d} graphs={int(desc['cuda_graphs'])} moe={desc['moe']}: {r['lines_per_s']:9.1f} lines/s "
-                      f"{r['tokens_per_s']:10.0f} tok/s  p99 e2e {r['e2e_ms_p99']:.1f} ms", flush=True)
+                      f"{r['tokens_per_s']:10.0f} tok/s  p99 e2e {fmt(r['e2e_ms_p99'])} ms  "
+                      f"({r['step_ms']:.2f} ms/step)", flush=True)
     report["batched"] = runs
 
     base = client.get("tokens_per_s") if client else None

@@ -673,8 +673,16 @@ class BatchedEngine:
             self._pos[n_dec + j] += len(rest)
         outs: list[tuple[Tensor, Tensor | None]] = []
         if n_dec:
+            graphed = None
             if self.cuda_graphs:
-                outs.append(self._graph_decode(dec_tok, dec_pos))
+                try:
+                    graphed = self._graph_decode(dec_tok, dec_pos)
+                except Exception:
+                    log.exception("CUDA graph decode failed; decoding eagerly from now on")
+                    self.cuda_graphs = False
+                    self._graphs.clear()
+            if graphed is not None:
+                outs.append(graphed)
             else:
                 t = torch.as_tensor(dec_tok, device=dev)
                 p = torch.as_tensor(dec_pos, device=dev)
@@ -745,13 +753,22 @@ class BatchedEngine:
         counts = torch.zeros(moe.n_expert, dtype=torch.long, device=x.device).scatter_add_(
             0, expert_of, torch.ones_like(expert_of))
         out = torch.zeros_like(x)
-        if self.moe_impl == "grouped_mm":
-            offs = torch.cumsum(counts, 0).to(torch.int32)
-            xs = x[token_of]
-            hmid = F.silu(torch._grouped_mm(xs, layer.w1t, offs=offs))
-            y = torch._grouped_mm(hmid, layer.w2t, offs=offs)
-            out.index_add_(0, token_of, (y.float() * weight_of).to(out.dtype))
-        else:
+        grouped = self.moe_impl == "grouped_mm"
+        if grouped:
+            try:
+                offs = torch.cumsum(counts, 0).to(torch.int32)
+                xs = x[token_of]
+                hmid = F.silu(torch._grouped_mm(xs, layer.w1t, offs=offs))
+                y = torch._grouped_mm(hmid, layer.w2t, offs=offs)
+                out.index_add_(0, token_of, (y.float() * weight_of).to(out.dtype))
+            except RuntimeError:
+                if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                    raise
+                log.exception("grouped experts failed on a batch of %d tokens; looping over experts", x.shape[0])
+                self.moe_impl = "loop"
+                self.cuda_graphs = False
+                grouped = False
+        if not grouped:
             start = 0
             for e, cnt in enumerate(counts.tolist()):
                 if cnt == 0:
@@ -774,6 +791,8 @@ class BatchedEngine:
         try:
             self.moe_impl = "grouped_mm"
             got, _ = self._moe(layer, x)
+            if self.moe_impl != "grouped_mm":  # it failed and fell back
+                raise RuntimeError("torch._grouped_mm failed on the probe batch")
             self.moe_impl = "loop"
             want, _ = self._moe(layer, x)
             err = float((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-12))
