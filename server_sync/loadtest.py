@@ -441,6 +441,9 @@ def _drive(cfg: LoadConfig, server: subprocess.Popen[bytes], url: str, admin_url
         # the server's own share of propagation: a change made during a tick is written
         # to the sockets by the end of that tick
         "server_tick_ms": s1["tick_ms"],
+        "server_gc_full": {"n": s1["gc_full"]["n"] - s0["gc_full"]["n"],
+                           "total_ms": s1["gc_full"]["total_ms"] - s0["gc_full"]["total_ms"],
+                           "max_ms_whole_life": s1["gc_full"]["max_ms"]},
         "server_cpu_util": (cpu1 - cpu0) / elapsed,
         "server_frames_out_per_s": (s1["frames_out"] - s0["frames_out"]) / elapsed,
         "server_intents_per_s": (s1["intents"] - s0["intents"]) / elapsed,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import time
 from collections import Counter, deque
@@ -57,6 +58,12 @@ class ServerConfig:
     snapshot_every_s: float = 60.0
     admin_token: str | None = None
     listen_backlog: int = 4096  # a reconnect storm must not overflow the accept queue
+    # Garbage collection: full collections over thousands of connections' objects stalled
+    # ticks for up to 0.7 s. Survivors are frozen every `gc_freeze_every_s` (automatic full
+    # collections then scan only recent objects) and one full sweep runs every
+    # `gc_sweep_every_s` (collects cyclic garbage among frozen objects). 0 disables both.
+    gc_freeze_every_s: float = 1.0
+    gc_sweep_every_s: float = 300.0
 
 
 class _Bucket:
@@ -83,6 +90,9 @@ class SyncServer:
         self.connections_total = 0
         self.tick_seconds = 0.0  # duration of the last tick (world step to frames written)
         self.tick_history: deque[float] = deque(maxlen=4096)
+        self.gc_full_seconds: list[float] = []  # durations of full (gen 2) collections
+        self._gc_started = 0.0
+        self._gc_froze_at = self._gc_swept_at = 0.0
         self.tick_overruns = 0
         self.started_at = time.time()
         self.last_tick_error: tuple[float, str] | None = None
@@ -105,8 +115,39 @@ class SyncServer:
             from .http import start_http
             self._http_runner, self.http_port = await start_http(self, c.host, c.http_port)
         self._tick_task = asyncio.get_running_loop().create_task(self._tick_loop())
+        gc.callbacks.append(self._on_gc)
+        if c.gc_freeze_every_s:
+            gc.collect()
+            gc.freeze()
+        self._gc_froze_at = self._gc_swept_at = time.monotonic()
+
+    def _gc_policy(self) -> None:
+        c, now = self.config, time.monotonic()
+        if not c.gc_freeze_every_s:
+            return
+        if c.gc_sweep_every_s and now - self._gc_swept_at >= c.gc_sweep_every_s:
+            self._gc_swept_at = self._gc_froze_at = now
+            gc.unfreeze()
+            gc.collect()
+            gc.freeze()
+        elif now - self._gc_froze_at >= c.gc_freeze_every_s:
+            self._gc_froze_at = now
+            gc.collect(1)  # young garbage goes first; survivors are frozen
+            gc.freeze()
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            self.gc_full_seconds.append(time.perf_counter() - self._gc_started)
 
     async def stop(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+        if self.config.gc_freeze_every_s:
+            gc.unfreeze()
         if self._tick_task is not None:
             self._tick_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -178,6 +219,7 @@ class SyncServer:
                 self._flush(s)
             self.tick_seconds = time.perf_counter() - t0
             self.tick_history.append(self.tick_seconds)
+            self._gc_policy()
 
     def _flush(self, s: Session) -> None:
         ws = self.conns.get(s.player_id)
