@@ -595,62 +595,74 @@ class BatchedEngine:
         if not new:
             return new
         first_slot = len(self.rows) - len(new)
+        sl = slice(first_slot, first_slot + len(new))
+        reqs = [seq.req for seq in new]
+        self._n[sl] = 0
+        self._budget[sl] = [seq.budget for seq in new]
+        self._min[sl] = [r.min_tokens for r in reqs]
+        self._temp[sl] = [r.temperature for r in reqs]
+        self._topk[sl] = [r.top_k for r in reqs]
+        self._topp[sl] = [r.top_p for r in reqs]
+        self._key[sl] = [seq.key for seq in new]
+        self._state[sl] = 0
+        self._lp[sl] = 0.0
+        self._conf[sl] = 0.0
+        self._pos[sl] = 0
+        self._cb[sl] = [r.on_token is not None for r in reqs]
+        self._extra_block[sl] = False
+        ban_rows = [first_slot + j for j, r in enumerate(reqs) for _ in r.blocked_tokens]
+        if ban_rows:
+            ban_cols = [int(t) for r in reqs for t in r.blocked_tokens]
+            self._extra_block[torch.as_tensor(ban_rows, device=self.device),
+                              torch.as_tensor(ban_cols, device=self.device)] = True
+        cache = self.block_cache
+        if cache is None:
+            return new
+        bt = cache.block_tokens
         dst_slot: list[int] = []
         dst_pos: list[int] = []
         blocks: list[int] = []
-        bt = self.block_cache.block_tokens if self.block_cache is not None else 0
-        pinned: list[int] = []
         for j, seq in enumerate(new):
-            slot = first_slot + j
-            r = seq.req
-            for arr, value in ((self._n, 0), (self._budget, seq.budget), (self._min, r.min_tokens),
-                               (self._temp, r.temperature), (self._topk, r.top_k), (self._topp, r.top_p),
-                               (self._key, seq.key), (self._state, 0), (self._lp, 0.0), (self._conf, 0.0),
-                               (self._pos, 0), (self._cb, r.on_token is not None)):
-                arr[slot] = value
-            self._extra_block[slot].zero_()
-            if seq.req.blocked_tokens:
-                self._extra_block[slot, torch.as_tensor(list(seq.req.blocked_tokens), device=self.device)] = True
-            if self.block_cache is None:
-                continue
-            ids = list(seq.req.ids)
+            ids = seq.req.ids
             usable = (len(ids) - 1) // bt
-            got = self.block_cache.acquire(self.block_cache.hashes(ids[: usable * bt]))
-            pinned += got
+            got = cache.acquire(cache.hashes(ids)[:usable])
             for b, idx in enumerate(got):
-                dst_slot.append(slot)
+                dst_slot.append(first_slot + j)
                 dst_pos.append(b * bt)
                 blocks.append(idx)
             seq.cached = len(got) * bt
-            self._pos[slot] = seq.cached
+            self._pos[first_slot + j] = seq.cached
         if blocks:
-            pool = self.block_cache.pool[torch.as_tensor(blocks, device=self.device)]  # [P, L, 2, H, bt, D]
+            pool = cache.pool[torch.as_tensor(blocks, device=self.device)]  # [P, L, 2, H, bt, D]
             pos = torch.as_tensor(dst_pos, device=self.device).unsqueeze(1) + torch.arange(bt, device=self.device)
             slots = torch.as_tensor(dst_slot, device=self.device).unsqueeze(1).expand_as(pos)
             view = self.kv.permute(2, 4, 0, 1, 3, 5)  # [S, T, L, 2, H, D]
             view[slots, pos] = pool.permute(0, 4, 1, 2, 3, 5)
-        if pinned:
-            self.block_cache.release(pinned)
+            cache.release(blocks)
         return new
 
     def _store_blocks(self, new: list[_Seq]) -> None:
+        """Store the new rows' computed full prompt blocks in the cache (one gather, one write)."""
         cache = self.block_cache
         if cache is None or not new:
             return
         bt = cache.block_tokens
         first_slot = len(self.rows) - len(new)
+        todo: dict[bytes, tuple[int, int]] = {}
         for j, seq in enumerate(new):
-            ids = list(seq.req.ids)
-            hashes = cache.hashes(ids)
-            done = seq.cached // bt
-            placed = []
-            for b in range(done, len(hashes)):
-                kv = self.kv[:, :, first_slot + j, :, b * bt:(b + 1) * bt]
-                idx = cache.insert(hashes[b], kv)
-                if idx is None:
-                    break
-                placed.append(idx)
-            cache.release(placed)
+            hashes = cache.hashes(seq.req.ids)
+            for b in range(seq.cached // bt, len(hashes)):
+                h = hashes[b]
+                if h not in todo and not cache.in_l1(h):
+                    todo[h] = (first_slot + j, b * bt)
+        if not todo:
+            return
+        pos = torch.as_tensor([p for _, p in todo.values()], device=self.device).unsqueeze(1) \
+            + torch.arange(bt, device=self.device)
+        slots = torch.as_tensor([s for s, _ in todo.values()], device=self.device).unsqueeze(1).expand_as(pos)
+        data = self.kv.permute(2, 4, 0, 1, 3, 5)[slots, pos].permute(0, 2, 3, 4, 1, 5)  # [P, L, 2, H, bt, D]
+        placed = cache.insert_many(list(todo), data)
+        cache.release([i for i in placed if i is not None])
 
     # ------------------------------------------------------------ forward
 

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -50,11 +51,12 @@ def chain_hashes(tokens: Sequence[int], block_tokens: int, namespace: str = "") 
     out: list[bytes] = []
     parent = b""
     ns = namespace.encode()
-    for start in range(0, len(tokens) - block_tokens + 1, block_tokens):
-        h = hashlib.blake2b(digest_size=16)
-        h.update(ns)
+    raw = np.asarray(tokens, dtype="<u4").tobytes()
+    step = 4 * block_tokens
+    for start in range(0, 4 * len(tokens) - step + 1, step):
+        h = hashlib.blake2b(ns, digest_size=16)
         h.update(parent)
-        h.update(b"".join(int(t).to_bytes(4, "little", signed=False) for t in tokens[start:start + block_tokens]))
+        h.update(raw[start:start + step])
         parent = h.digest()
         out.append(parent)
     return out
@@ -114,6 +116,7 @@ class BlockCache:
         self._pin = self.device.type == "cuda"
         self._lock = threading.RLock()
         self.stats = BlockCacheStats()
+        self._hash_memo: dict[tuple[int, ...], list[bytes]] = {}
         if self.disk_dir is not None:
             self.disk_dir.mkdir(parents=True, exist_ok=True)
             files = sorted(self.disk_dir.glob("*.pt"), key=lambda p: p.stat().st_mtime)
@@ -126,7 +129,17 @@ class BlockCache:
     # ------------------------------------------------------------ queries
 
     def hashes(self, tokens: Sequence[int]) -> list[bytes]:
-        return chain_hashes(tokens, self.block_tokens, self.namespace)
+        """The chain names of ``tokens``' full blocks (memoised: prompts repeat)."""
+        key = tuple(tokens)
+        got = self._hash_memo.get(key)
+        if got is None:
+            if len(self._hash_memo) >= 65536:
+                self._hash_memo.clear()
+            got = self._hash_memo[key] = chain_hashes(key, self.block_tokens, self.namespace)
+        return got
+
+    def in_l1(self, h: bytes) -> bool:
+        return h in self._l1
 
     def tier_of(self, h: bytes) -> str | None:
         """Which tier holds block ``h`` now (None: none)."""
@@ -180,6 +193,48 @@ class BlockCache:
                 self.stats.inserted += 1
             self._ref(idx)
             return idx
+
+    def insert_many(self, hashes: Sequence[bytes], data: Tensor) -> list[int | None]:
+        """:meth:`insert` for many blocks at once (``data`` [P, *shape]): one write into the pool
+        and one device-to-host copy for the blocks it evicts. Pins what it returns."""
+        if tuple(data.shape[1:]) != self.shape or data.shape[0] != len(hashes):
+            raise ValueError(f"blocks tensor shape {tuple(data.shape)} != ({len(hashes)}, *{self.shape})")
+        out: list[int | None] = []
+        with self._lock:
+            new_idx: list[int] = []
+            new_rows: list[int] = []
+            victims: list[tuple[bytes, int]] = []
+            for j, h in enumerate(hashes):
+                idx = self._l1.get(h)
+                if idx is None:
+                    self._drop_lower(h)
+                    if self._free:
+                        idx = self._free.pop()
+                    elif self._lru:
+                        idx, _ = self._lru.popitem(last=False)
+                        old = self._hash_of[idx]
+                        assert old is not None
+                        del self._l1[old]
+                        self.stats.evictions["l1"] += 1
+                        victims.append((old, idx))
+                    else:
+                        out.append(None)
+                        continue
+                    self._l1[h] = idx
+                    self._hash_of[idx] = h
+                    new_idx.append(idx)
+                    new_rows.append(j)
+                    self.stats.inserted += 1
+                self._ref(idx)
+                out.append(idx)
+            if victims:
+                saved = self.pool[torch.as_tensor([v[1] for v in victims], device=self.device)].to("cpu")
+                for k, (old, _) in enumerate(victims):
+                    self._demote_to_l2(old, saved[k].clone())
+            if new_idx:
+                rows = torch.as_tensor(new_rows, device=data.device)
+                self.pool[torch.as_tensor(new_idx, device=self.device)] = data[rows].to(self.pool.dtype)
+        return out
 
     def release(self, indices: Sequence[int]) -> None:
         """Unpin blocks returned by :meth:`acquire` / :meth:`insert` (most recently used now)."""

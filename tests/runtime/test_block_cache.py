@@ -97,3 +97,16 @@ def test_release_more_than_acquired_and_wrong_shapes_raise():
         c.release([idx])
     with pytest.raises(ValueError, match="block tensor shape"):
         c.insert(b"x" * 16, torch.zeros(3))
+
+
+def test_insert_many_places_blocks_at_once_and_demotes_what_it_evicts():
+    c = cache(l1=3, l2=4)
+    h = [c.hashes([i, i])[0] for i in range(5)]
+    c.release([i for i in c.insert_many(h[:3], torch.stack([block(0.0), block(1.0), block(2.0)])) if i is not None])
+    placed = c.insert_many([h[3], h[4], h[3]], torch.stack([block(3.0), block(4.0), block(3.0)]))
+    assert placed[0] == placed[2] and None not in placed
+    assert [c.tier_of(x) for x in h] == ["l2", "l2", "l1", "l1", "l1"]
+    c.release([i for i in placed if i is not None])
+    got = c.acquire([h[0]])  # demoted data comes back intact
+    assert torch.equal(c.pool[got[0]], block(0.0)) and c.stats.hits["l2"] == BT
+    c.release(got)
