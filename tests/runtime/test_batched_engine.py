@@ -208,3 +208,14 @@ def test_grouped_matmul_experts_give_the_per_expert_loop_lines(loaded):
     reqs = [GenRequest(ids, seed=60 + i, max_tokens=8) for i, ids in enumerate(prompts(tok, 6))]
     looped = engine(loaded, dtype="bf16", moe="loop").generate(reqs)
     assert [r.tokens for r in grouped.generate(reqs)] == [r.tokens for r in looped]
+
+
+def test_the_shipped_int4_graph_rebuilds_to_its_own_logits():
+    model, tok, root = load_flash()  # runtime/assets/flash: no PyTorch weights shipped
+    ids = tok.encode_prompt(tok.catalog["archetypes"][0], [], tok.catalog["states"][0],
+                            tok.catalog["intents"][0], {})[0]
+    want, _, _ = FlashOnnx.load(root).step(np.asarray([ids]), None)
+    with torch.no_grad():
+        got = model(torch.tensor([ids])).logits.numpy()
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+    assert (got.argmax(-1) == want.argmax(-1)).all()
