@@ -114,8 +114,8 @@ def _build(src: Path, stage: Path, work: Path, target: str, model_id: str) -> di
         shutil.copyfile(src / "catalog.json", stage / "catalog.json")
     else:
         _write_json(stage / "catalog.json", tokenizer_data["catalog"])
-    _write_fallbacks(src, stage / "fallbacks.json")
-    _write_constraints(src, stage / "constraints.json")
+    _copy_or_write(src, stage / "fallbacks.json")
+    _copy_or_write(src, stage / "constraints.json")
 
     # the Python runtime on the source model is the reference the ORT model must reproduce
     settings = reference_settings()
@@ -255,26 +255,15 @@ def _tensors(args: list[Any]) -> list[dict[str, Any]]:
              "shape": [d if d is not None else "?" for d in a.shape]} for a in args]
 
 
-def _write_fallbacks(src: Path, dest: Path) -> None:
-    if (src / "fallbacks.json").is_file():
-        shutil.copyfile(src / "fallbacks.json", dest)
-        return
-    from runtime.linebook import load_line_book
+def _copy_or_write(src: Path, dest: Path) -> None:
+    """Copy a side file (fallbacks.json, constraints.json) from the model directory, or write
+    it from the default line book as `flashnpc export` does when the directory predates it."""
+    from runtime.export import write_constraints, write_fallbacks
 
-    table: dict[str, dict[str, list[str]]] = {}
-    for (arch, state), lines in sorted(load_line_book().fallback_lines().items()):
-        table.setdefault(arch, {})[state] = list(lines)
-    _write_json(dest, table)
-
-
-def _write_constraints(src: Path, dest: Path) -> None:
-    """constraints.json, so loading the bundle never needs the line book."""
-    from runtime.constraints import read_constraints
-
-    banned, rules = read_constraints(src)
-    _write_json(dest, {"banned_words": banned, "slots": list(rules.slots), "slot_rules": {
-        kind: {name: sorted(slots) for name, slots in getattr(rules, kind).items()}
-        for kind in ("archetype", "state", "intent")}})
+    if (src / dest.name).is_file():
+        shutil.copyfile(src / dest.name, dest)
+    else:
+        {"fallbacks.json": write_fallbacks, "constraints.json": write_constraints}[dest.name](dest)
 
 
 def _write_json(path: Path, data: Any) -> None:

@@ -507,7 +507,7 @@ def load_checkpoint(model_dir: str | Path) -> tuple[dict[str, Any], dict[str, An
     return ckpt["model"], _config_dict(ckpt["config"])
 
 
-SIDE_FILES = ("tokenizer.json", "config.json", "catalog.json", "fallbacks.json")
+SIDE_FILES = ("tokenizer.json", "config.json", "catalog.json", "fallbacks.json", "constraints.json")
 
 
 def export_checkpoint(model_dir: str | Path, out_dir: str | Path, *, accuracy_level: int = 4,
@@ -541,9 +541,12 @@ def export_checkpoint(model_dir: str | Path, out_dir: str | Path, *, accuracy_le
             if (model_dir / name).resolve() != (out_dir / name).resolve():
                 shutil.copyfile(model_dir / name, out_dir / name)
             copied.append(name)
-    if "fallbacks.json" not in copied:
-        _write_fallbacks(out_dir / "fallbacks.json")
-        copied.append("fallbacks.json")
+    # written from the line book when the checkpoint has none, so that a client loading the
+    # model directory never needs the line book (or YAML)
+    for name, write in (("fallbacks.json", write_fallbacks), ("constraints.json", write_constraints)):
+        if name not in copied:
+            write(out_dir / name)
+            copied.append(name)
     info = {
         "files": {"model.onnx": fp32_size, "model.int4.onnx": int4_size},
         "int4": {"variant": moe, "accuracy_level": accuracy_level, "embedding": embedding,
@@ -560,7 +563,7 @@ def export_checkpoint(model_dir: str | Path, out_dir: str | Path, *, accuracy_le
     return info
 
 
-def _write_fallbacks(path: Path) -> None:
+def write_fallbacks(path: Path) -> None:
     """fallbacks.json: {archetype: {state: [lines]}} from the default line book."""
     from runtime.linebook import load_line_book
 
@@ -570,6 +573,18 @@ def _write_fallbacks(path: Path) -> None:
     path.write_text(json.dumps(table, indent=2, ensure_ascii=False) + "\n")
 
 
+def write_constraints(path: Path) -> None:
+    """constraints.json: the default line book's banned words and slot rules (the format
+    :func:`runtime.constraints.read_constraints` reads)."""
+    from runtime.constraints import read_constraints
+
+    banned, rules = read_constraints(None)
+    data = {"banned_words": banned, "slots": list(rules.slots), "slot_rules": {
+        kind: {name: sorted(slots) for name, slots in getattr(rules, kind).items()}
+        for kind in ("archetype", "state", "intent")}}
+    path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+
+
 __all__ = ["EMBEDDINGS", "MAX_INT4_BYTES", "MOE_VARIANTS", "OPSET", "ExportError", "ExportOptions",
            "build_moe_block", "build_onnx", "export_checkpoint", "io_signature", "load_checkpoint",
-           "quantize_pack_int4", "save_model", "unpack_int4"]
+           "quantize_pack_int4", "save_model", "unpack_int4", "write_constraints", "write_fallbacks"]
