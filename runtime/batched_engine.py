@@ -918,19 +918,27 @@ class BatchedEngine:
     # ------------------------------------------------------------ bookkeeping
 
     def _compact(self, keep: np.ndarray) -> None:
-        """Keep rows ``keep`` (ascending) in slots 0..len(keep)-1, moving their KV, masks and state."""
-        if len(keep) == len(self.rows):
+        """Keep rows ``keep`` (ascending) in slots 0..len(keep)-1: each hole left by a finished row
+        is refilled by a kept row from beyond the end (its KV, masks and state move), so a step
+        moves at most as many rows as finished."""
+        b, n_keep = len(self.rows), len(keep)
+        if n_keep == b:
             return
-        moved = np.nonzero(keep != np.arange(len(keep)))[0]
-        if len(moved):
-            src_np = keep[moved]
-            dst = torch.as_tensor(moved, device=self.device)
-            src = torch.as_tensor(src_np, device=self.device)
-            self.kv[:, :, dst] = self.kv[:, :, src]
+        kept = np.zeros(b, dtype=bool)
+        kept[keep] = True
+        holes = np.nonzero(~kept[:n_keep])[0]
+        movers = keep[keep >= n_keep]
+        order = np.arange(n_keep)
+        if len(holes):
+            order[holes] = movers
+            dst = torch.as_tensor(holes, device=self.device)
+            src = torch.as_tensor(movers, device=self.device)
+            t = int(self._pos[movers].max())  # positions beyond a row's length hold nothing it reads
+            self.kv[:, :, dst, :, :t] = self.kv[:, :, src, :, :t]
             self._extra_block[dst] = self._extra_block[src]
             for arr in self._slot_arrays:
-                arr[moved] = arr[src_np]
-        self.rows = [self.rows[i] for i in keep]
+                arr[holes] = arr[movers]
+        self.rows = [self.rows[i] for i in order]
 
     def _result(self, i: int, finish: str, now: float) -> GenResult:
         """The result of running row ``i``."""
