@@ -227,20 +227,20 @@ def sample_rows(logits: Tensor, u: Tensor, temperature: Tensor, top_k: Tensor, t
     b, v = logits.shape
     greedy = torch.argmax(logits, dim=-1)
     temp = temperature.double().clamp_min(1e-30).unsqueeze(1)
-    z = logits.double() / temp
-    z = torch.nan_to_num(z, nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+    # ordering the float32 logits orders z = logits / T: dividing by one positive temperature in
+    # float64 keeps distinct float32 values distinct and in order, so z is only formed for the
+    # candidates
+    lf = torch.nan_to_num(logits.float(), nan=float("-inf"))
     k = top_k.long().unsqueeze(1)
     k_max = int(top_k.max()) if b else 0
     if bool((top_k > 0).all()) and k_max < v:
         # every row keeps at most k_max tokens: a partial sort is enough (ties between equal
         # finite logits, the only place topk and a stable sort could differ, do not occur in
         # practice; tied -inf entries get probability 0 either way)
-        # (ordering the float32 logits orders z: dividing by one positive temperature in float64
-        # keeps distinct float32 values distinct and in order)
-        order = torch.topk(torch.nan_to_num(logits.float(), nan=float("-inf")), k_max, dim=-1, sorted=True)[1]
-        sz = z.gather(1, order)
+        order = torch.topk(lf, k_max, dim=-1, sorted=True)[1]
     else:
-        sz, order = torch.sort(z, dim=-1, descending=True, stable=True)
+        order = torch.sort(lf, dim=-1, descending=True, stable=True)[1]
+    sz = lf.gather(1, order).double() / temp
     width = sz.shape[1]
     rank = torch.arange(width, device=logits.device).unsqueeze(0)
     keep = (k <= 0) | (rank < k)
