@@ -201,6 +201,60 @@ def correctness(model: Any, tok: Any, banned: list[str], device: str, dtype: str
             "passed": all(same), "example": tok.decode(together[0].tokens)}
 
 
+def service_load(model_dir: Path | None, checkpoint: Path | None, device: str, dtype: str, sessions: int,
+                 rate: float, seconds: float, tokens: int, max_batch: int, deadline_ms: float) -> dict[str, Any]:
+    """The dialogue service in process: ``sessions`` open sessions, line requests with Poisson
+    arrivals at ``rate`` per second for ``seconds`` (one asyncio loop, engine in its thread)."""
+    import asyncio
+
+    from runtime.dialogue_service import Busy, DialogueService
+
+    svc = DialogueService.load(model_dir, checkpoint=checkpoint, device=device, dtype=dtype, max_batch=max_batch,
+                               max_queue=4 * max_batch, default_deadline_ms=deadline_ms,
+                               latency_budget_ms=deadline_ms, max_tokens=tokens)
+    cat = svc.catalog
+    rng = np.random.default_rng(3)
+    lines: list[Any] = []
+    busy = [0]
+
+    async def one(sid: str, intent: str, seed: int) -> None:
+        try:
+            lines.append(await svc.request_line(sid, intent, seed=seed))
+        except Busy:
+            busy[0] += 1
+
+    async def run() -> float:
+        async with svc:
+            sids = []
+            for i in range(sessions):
+                k = int(rng.integers(0, 3))
+                persona = sorted(rng.choice(cat["persona_traits"], size=k, replace=False).tolist())
+                sids.append(svc.open_session(str(cat["archetypes"][i % len(cat["archetypes"])]), persona=persona,
+                                             state=str(rng.choice(cat["states"])), context={"player": "Aria"}))
+            tasks = []
+            t0 = time.perf_counter()
+            t_next = t0
+            i = 0
+            while t_next < t0 + seconds:
+                await asyncio.sleep(max(0.0, t_next - time.perf_counter()))
+                tasks.append(asyncio.ensure_future(one(sids[int(rng.integers(sessions))],
+                                                       str(rng.choice(cat["intents"])), i)))
+                i += 1
+                t_next += float(rng.exponential(1.0 / rate))
+            await asyncio.gather(*tasks)
+            return time.perf_counter() - t0
+
+    dt = asyncio.run(run())
+    e2e = [ln.latency_ms for ln in lines]
+    reasons: dict[str, int] = {}
+    for ln in lines:
+        if ln.fallback:
+            reasons[ln.fallback_reason or "?"] = reasons.get(ln.fallback_reason or "?", 0) + 1
+    return {"sessions": sessions, "rate": rate, "seconds": dt, "lines": len(lines), "busy": busy[0],
+            "lines_per_s": len(lines) / dt, "e2e_ms_p50": pct(e2e, 50), "e2e_ms_p99": pct(e2e, 99),
+            "fallbacks": reasons, "model_lines": sum(1 for ln in lines if not ln.fallback)}
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -224,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--moe", default="auto", choices=["auto", "loop", "grouped_mm"])
     ap.add_argument("--no-client", action="store_true")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--service", type=float, nargs=3, metavar=("SESSIONS", "RATE", "SECONDS"), default=None,
+                    help="also run the dialogue service in process: sessions, Poisson line rate, duration")
+    ap.add_argument("--deadline-ms", type=float, default=300.0, help="the service's request deadline")
     ap.add_argument("--budget-s", type=float, default=0.0,
                     help="skip the sweep points that would end past this many seconds from the start (0: none)")
     args = ap.parse_args(argv)
@@ -319,6 +376,18 @@ def main(argv: list[str] | None = None) -> int:
               f"| {fmt(r['ttft_ms_p99'])} | {fmt(r['itl_ms_mean'], '.2f')} | {r['batch_mean']:.0f} | {r['step_ms']:.2f} "
               f"| {fmt(r['prefix_hit_rate'], '.2f')} |")
         r["x_client"] = ratio
+    if args.service:
+        n_s, rate, secs = int(args.service[0]), args.service[1], args.service[2]
+        try:
+            sv = service_load(args.model, args.checkpoint, args.device, dtype, n_s, rate, secs, args.tokens,
+                              max(args.sweep), args.deadline_ms)
+            print(f"service: {n_s} sessions, Poisson {rate:.0f} lines/s for {secs:.0f} s -> {sv['lines_per_s']:.0f} "
+                  f"lines/s answered, e2e p50 {fmt(sv['e2e_ms_p50'])} / p99 {fmt(sv['e2e_ms_p99'])} ms, "
+                  f"{sv['model_lines']} model lines, fallbacks {sv['fallbacks']}, busy {sv['busy']}")
+        except Exception as exc:
+            sv = {"error": f"{type(exc).__name__}: {exc}"}
+            print(f"service: ERROR {sv['error']}")
+        report["service"] = sv
     good = [r for r in runs if "error" not in r and r["e2e_ms_p99"] is not None]
     for slo in (100.0, 300.0):
         fit = [r for r in good if r["e2e_ms_p99"] <= slo]
