@@ -272,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--client-seconds", type=float, default=5.0)
     ap.add_argument("--tokens", type=int, default=24)
-    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads on cpu (0: torch default)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch intra-op threads on cpu (default 1, like the client engine; 0: torch's default)")
     ap.add_argument("--check", action="store_true", help="run the batched == single correctness test first")
     ap.add_argument("--graphs", action="store_true", help="also run the sweep with CUDA graphs")
     ap.add_argument("--moe", default="auto", choices=["auto", "loop", "grouped_mm"])
@@ -286,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
 
-    if args.threads:
+    if args.threads and not args.device.startswith("cuda"):
         torch.set_num_threads(args.threads)
     dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
     t0 = time.perf_counter()

@@ -24,6 +24,8 @@ What it guarantees:
   error rate passes 5% or the p95 latency passes ``latency_budget_ms``, non-critical requests get
   fallback lines (reason ``breaker_open``) without touching the model, and :meth:`health`
   reports ``degraded``; after a cool-down a few probe requests decide whether it closes again.
+- **CPU threads.** On a CPU the engine threads set torch's intra-op threads to ``cpu_threads``
+  (default 1, process-wide; None leaves torch's setting).
 - **Batching opt-out.** ``batch=False`` requests run in a separate lane (their own engine over
   the same weights, one sequence at a time), never sharing a batch with others.
 - **Lines as the client engine makes them**: the same masks (banned words, slot rules), the same
@@ -54,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from prometheus_client import Counter, Gauge, Histogram
 
 from runtime.batched_engine import BatchedEngine, GenRequest, GenResult, Handle
@@ -265,6 +268,10 @@ class _Lane:
 
     def _loop(self) -> None:
         svc = self.service
+        if self.engine.device.type == "cpu" and svc.cpu_threads:
+            # process-wide; on a small shared machine one intra-op thread beats two whose team
+            # stalls whenever another process takes a core
+            torch.set_num_threads(svc.cpu_threads)
         last = svc._cache_snapshot(self.engine)
         while not self.stopping:
             if not self.engine.has_work():
@@ -294,10 +301,11 @@ class DialogueService:
                  latency_budget_ms: float = 300.0, breaker: CircuitBreaker | None = None,
                  max_tokens: int = 24, temperature: float = 0.8, top_k: int = 50, top_p: float = 0.95,
                  repeat_window: int = 8, max_resamples: int = 1, min_mean_logprob: float | None = -5.0,
-                 name: str = "flash") -> None:
+                 name: str = "flash", cpu_threads: int | None = 1) -> None:
         if max_queue < 0 or max_sessions < 1 or default_deadline_ms <= 0:
             raise ValueError("DialogueService: need max_queue >= 0, max_sessions >= 1, default_deadline_ms > 0")
         self.engine = engine
+        self.cpu_threads = cpu_threads
         self.tokenizer = engine.tokenizer
         self.catalog = {k: (dict(v) if isinstance(v, Mapping) else list(v)) for k, v in catalog.items()}
         self.fallbacks = fallbacks
