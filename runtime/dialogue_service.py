@@ -462,8 +462,15 @@ class DialogueService:
         the :class:`DialogueLine`. A fallback line arrives as one piece (its whole text)."""
         queue: asyncio.Queue[str | DialogueLine] = asyncio.Queue()
         task = asyncio.ensure_future(self.request_line(session_id, intent, on_piece=queue.put_nowait, **kwargs))
-        task.add_done_callback(lambda t: queue.put_nowait(t.result()) if not t.exception() else queue.put_nowait(
-            _Raise(t.exception())))  # type: ignore[arg-type]
+        def done(t: asyncio.Future[DialogueLine]) -> None:
+            if t.cancelled():
+                queue.put_nowait(_Raise(asyncio.CancelledError()))  # type: ignore[arg-type]
+            elif t.exception() is not None:
+                queue.put_nowait(_Raise(t.exception()))  # type: ignore[arg-type]
+            else:
+                queue.put_nowait(t.result())
+
+        task.add_done_callback(done)
         shown = False
         while True:
             item = await queue.get()

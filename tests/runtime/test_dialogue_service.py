@@ -171,3 +171,10 @@ async def test_three_hundred_concurrent_sessions_all_get_lines(loaded):
         assert len(lines) == 300 and all(line.text for line in lines)
         assert not any(line.fallback_reason in ("model_error", "deadline") for line in lines)
         assert svc.health()["in_flight"] == 0
+
+
+async def test_a_stream_for_an_unknown_session_raises_instead_of_hanging(loaded):
+    async with service(loaded) as svc:
+        with pytest.raises(SessionNotFound):
+            async for _ in svc.stream_line("nope", first(loaded, "intents")):
+                pass
