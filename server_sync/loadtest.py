@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,11 +66,6 @@ class LoadConfig:
     settle_timeout: float = 30.0
     client_nice: int = 0     # niceness of the client worker processes (10: server first)
     profile_server: str | None = None  # write the server's cProfile stats here
-
-
-@dataclass
-class _WorkerStats:
-    second: list[dict[str, Any]] = field(default_factory=list)
 
 
 # ---- worker process ----------------------------------------------------------------------
@@ -107,18 +102,22 @@ async def _worker(index: int, cfg: dict[str, Any], players: list[str], url: str,
     size, radius = cfg["size"], cfg["radius"]
     lat: list[float] = []
     stats = {"bytes": 0, "baseline": 0.0}
+    # Latency counts live deltas only: after each (re)connect, deltas built before the
+    # connection's first message are replays of what the client missed while away.
     live_since: dict[int, float] = {}
+    seen_connects: dict[int, int] = {}
     clients: list[Client] = []
 
     def make(pid: str, k: int) -> Client:
         def on_message(msg: dict[str, Any], nbytes: int) -> None:
             stats["bytes"] += nbytes
-            if msg["t"] == "delta":
-                now = time.time() * 1000.0
-                if msg["time"] >= live_since.get(k, math.inf):
-                    lat.append(now - msg["time"])
-            elif msg["t"] == "snapshot":
-                live_since[k] = time.time() * 1000.0
+            now = time.time() * 1000.0
+            connects = clients[k].connects
+            if seen_connects.get(k) != connects:
+                seen_connects[k] = connects
+                live_since[k] = now
+            if msg["t"] == "delta" and msg["time"] >= live_since[k]:
+                lat.append(now - msg["time"])
 
         pos = (rng.uniform(0, size), rng.uniform(0, size))
         return Client(url, lambda: issue_token(secret, pid, ttl_s=3600), position=pos,
