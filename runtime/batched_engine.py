@@ -438,7 +438,8 @@ class BatchedEngine:
         if block_cache is None and use_block_cache:
             block_cache = BlockCache(block_tokens=block_tokens,
                                      block_shape=(cfg.n_layer, self.n_head, self.head_dim), dtype=dtype,
-                                     device=dev, l1_blocks=4096, l2_blocks=16384,
+                                     device=dev, l1_blocks=16384 if dev.type == "cuda" else 4096,
+                                     l2_blocks=65536,
                                      namespace=namespace or f"{id(model):x}:{dtype}")
         self.block_cache = block_cache if use_block_cache else None
         self.moe_impl = self._pick_moe(moe)

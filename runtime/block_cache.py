@@ -13,7 +13,7 @@ cached. ``namespace`` keeps models apart (give it a fingerprint of the weights a
 Tiers, each bounded in blocks, each an LRU:
 
     L1  device memory: one preallocated pool tensor; blocks in use are pinned by reference counts
-    L2  host memory: blocks evicted from L1 (pinned host memory on CUDA)
+    L2  host memory: blocks evicted from L1
     L3  disk: blocks evicted from L2, one file each, ``<hash>.pt`` (optional; survives restarts)
 
 A lookup walks a prompt's chain from the start and stops at the first block no tier holds;
@@ -113,7 +113,6 @@ class BlockCache:
         self._l2: OrderedDict[bytes, Tensor] = OrderedDict()
         self._l3: OrderedDict[bytes, None] = OrderedDict()
         self.disk_dir = Path(disk_dir) if disk_dir is not None else None
-        self._pin = self.device.type == "cuda"
         self._lock = threading.RLock()
         self.stats = BlockCacheStats()
         self._hash_memo: dict[tuple[int, ...], list[bytes]] = {}
@@ -286,8 +285,6 @@ class BlockCache:
         if self.l2_blocks == 0:
             self._demote_to_l3(h, data)
             return
-        if self._pin:
-            data = data.pin_memory()
         self._l2[h] = data
         while len(self._l2) > self.l2_blocks:
             old, old_data = self._l2.popitem(last=False)
