@@ -70,7 +70,10 @@ def client_peer(model_dir: Path | None, tokens: int, seconds: float) -> dict[str
     except ImportError as exc:  # a bare machine without prometheus-client: the bare ONNX decoder
         return onnx_peer(model_dir, tokens, seconds, f"{exc}")
 
-    gen = LineGenerator.load(model_dir, threads=1)
+    try:
+        gen = LineGenerator.load(model_dir, threads=1)
+    except ImportError as exc:  # e.g. the line book's constraints need pyyaml
+        return onnx_peer(model_dir, tokens, seconds, f"{exc}")
     cat = gen.catalog()
     rng = np.random.default_rng(1)
     lat: list[float] = []
