@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("runtime.eval_cli", "evaluate a Flash model"),
     "export": ("runtime.export_cli", "export a trained model to ONNX / INT4, or a mobile bundle / packaged client"),
     "bundle": ("mobile_export.bundle_cli", "check model bundles: flashnpc bundle verify PATH"),
-    "serve": ("server_sync.serve_cli", "run the authoritative world server (and the dialogue mode)"),
+    "serve": ("server_sync.serve_cli", "run the authoritative world server"),
     "loadtest": ("server_sync.loadtest_cli", "load-test a server on loopback"),
     "inspect": ("plugin.inspect_cli", "live web inspector of a running world"),
 }
