@@ -15,7 +15,7 @@ Peers:
              once, so requests join and leave the running batch continuously), for each ``C``
              of ``--sweep``, ``--seconds`` each after a warm-up
 
-Printed per batched point: lines/s, tokens/s, its ratio to the client's tokens/s, end-to-end
+Printed per batched point: lines/s (lines finished in the window), tokens/s, its ratio to the client's tokens/s, end-to-end
 p50/p99, time to first token p50/p99, mean inter-token latency, mean rows per step, and the
 prefix cache hit rate. ``--check`` first runs the correctness test: a batch of requests
 (different prompts and seeds) decoded together must give the tokens each gives alone (fp32;
@@ -142,6 +142,7 @@ def closed_loop(engine: BatchedEngine, prompts: list[list[int]], concurrency: in
     q0 = cache.stats.queried_tokens if cache else 0
     h0 = sum(cache.stats.hits.values()) if cache else 0
     tok0 = engine.tokens_generated
+    finished = 0
     done: list[GenResult] = []
     batch: list[int] = []
     steps = 0
@@ -152,7 +153,8 @@ def closed_loop(engine: BatchedEngine, prompts: list[list[int]], concurrency: in
         steps += 1
         batch.append(engine.last_batch)
         for r in res:
-            if r.t_submit >= t0:
+            finished += 1
+            if r.t_submit >= t0:  # latency figures only for requests submitted in the window
                 done.append(r)
             submit()
     sync(engine)
@@ -171,7 +173,7 @@ def closed_loop(engine: BatchedEngine, prompts: list[list[int]], concurrency: in
     itl = [(b - a) * 1e3 for r in done for a, b in zip(r.token_times, r.token_times[1:])]
     q1 = cache.stats.queried_tokens if cache else 0
     h1 = sum(cache.stats.hits.values()) if cache else 0
-    return {"concurrency": concurrency, "lines": len(done), "seconds": dt, "lines_per_s": len(done) / dt,
+    return {"concurrency": concurrency, "lines": finished, "seconds": dt, "lines_per_s": finished / dt,
             "tokens_per_s": n_tok / dt, "e2e_ms_p50": pct(e2e, 50), "e2e_ms_p99": pct(e2e, 99),
             "ttft_ms_p50": pct(ttft, 50), "ttft_ms_p99": pct(ttft, 99),
             "itl_ms_mean": statistics.fmean(itl) if itl else None, "batch_mean": statistics.fmean(batch) if batch else 0,
