@@ -782,14 +782,16 @@ class BatchedEngine:
                 self.cuda_graphs = False
                 grouped = False
         if not grouped:
+            # tokens sorted by expert once; each selected expert reads a contiguous slice
+            xs = x[token_of]
+            ys = []
             start = 0
             for e, cnt in enumerate(counts.tolist()):
-                if cnt == 0:
-                    continue
-                tokens = token_of[start:start + cnt]
-                y = moe.expert_forward(e, x[tokens], layer.experts)
-                out.index_add_(0, tokens, (y.float() * weight_of[start:start + cnt]).to(out.dtype))
-                start += cnt
+                if cnt:
+                    ys.append(moe.expert_forward(e, xs[start:start + cnt], layer.experts))
+                    start += cnt
+            y = torch.cat(ys) if len(ys) > 1 else ys[0]
+            out.index_add_(0, token_of, (y.float() * weight_of).to(out.dtype))
         return out, probs.max(dim=-1).values
 
     def _pick_moe(self, moe: str) -> str:
