@@ -408,7 +408,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"best within p99 e2e <= {slo:.0f} ms: " + (
             f"{best['lines_per_s']:.0f} lines/s, {best['tokens_per_s']:.0f} tok/s at {best['concurrency']} sessions "
             f"(graphs={int(best['graphs'])})" if best else "none"))
+    if args.device.startswith("cuda") and torch.cuda.is_available():
+        report["cuda_max_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        print(f"peak CUDA memory allocated: {report['cuda_max_memory_gib']:.2f} GiB")
     report["wall_s"] = time.perf_counter() - t_start
+    print(f"wall time {report['wall_s']:.0f} s")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
