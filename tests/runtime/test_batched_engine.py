@@ -219,3 +219,16 @@ def test_the_shipped_int4_graph_rebuilds_to_its_own_logits():
         got = model(torch.tensor([ids])).logits.numpy()
     assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
     assert (got.argmax(-1) == want.argmax(-1)).all()
+
+
+def test_a_qat_checkpoint_runs_with_its_int4_fake_quantized_weights(tiny_model_dir):
+    model, tok, _ = load_flash(tiny_model_dir, checkpoint=tiny_model_dir.parent / "ckpt")
+    model.set_qat(True)
+    eng = BatchedEngine(model, tok, max_batch=2, use_block_cache=False)
+    ids = prompts(tok, 1)[0]
+    eng.submit(GenRequest(ids, max_tokens=2))
+    new = eng._admit([])
+    with torch.no_grad():
+        got, _ = eng._run(0, new)
+        want = model(torch.tensor([ids])).logits[0, -1]
+    assert torch.allclose(got[0], want, atol=1e-4)
