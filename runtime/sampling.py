@@ -26,11 +26,22 @@ def _check(temperature: float, top_k: int, top_p: float) -> None:
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
 
 
+def _top_k_ids(z: np.ndarray, k: int) -> np.ndarray:
+    """Ids of the ``k`` largest values of ``z``, ties broken towards the lowest id (ascending ids)."""
+    v = np.partition(z, z.size - k)[z.size - k]  # the k-th largest value
+    above = np.flatnonzero(z > v)
+    return np.union1d(above, np.flatnonzero(z == v)[: k - above.size])
+
+
 def filtered_probs(logits: np.ndarray, *, temperature: float = 1.0, top_k: int = 0,
                    top_p: float = 1.0) -> np.ndarray:
     """The distribution :func:`sample_next` draws from (float64, sums to 1; zeros outside).
 
     ``temperature`` must be > 0 here (greedy has no distribution).
+
+    Equivalent to sorting the whole row, without sorting it: ``top_k`` is a partition, and for
+    ``top_p`` only tokens with probability >= (1 - top_p) / n can be in the nucleus (all tokens
+    at most that likely hold < 1 - top_p of the mass together), so only those are sorted.
     """
     _check(temperature, top_k, top_p)
     if temperature == 0:
@@ -40,20 +51,27 @@ def filtered_probs(logits: np.ndarray, *, temperature: float = 1.0, top_k: int =
         raise ValueError("logits must be a non-empty row with at least one finite value")
     z = row / temperature
     z = np.where(np.isnan(z), -np.inf, z)
-    order = np.argsort(-z, kind="stable")  # most likely first, lowest id first on ties
-    if 0 < top_k < row.size:
-        order = order[:top_k]
-    kept = z[order]
-    p = np.exp(kept - kept[0])
+    if 0 < top_k < z.size:
+        ids = _top_k_ids(z, int(top_k))  # ascending ids
+    else:
+        ids = None
+    zk = z if ids is None else z[ids]
+    p = np.exp(zk - zk.max())
     p /= p.sum()
     if top_p < 1.0:
+        cand = np.flatnonzero(p >= (1.0 - top_p) / p.size)
+        order = cand[np.argsort(-zk[cand], kind="stable")]  # most likely first, lowest id on ties
+        q = p[order]
         # keep tokens until the cumulative probability before them reaches top_p
-        cum_before = np.cumsum(p) - p
+        cum_before = np.cumsum(q) - q
         n_keep = max(1, int(np.count_nonzero(cum_before < top_p)))
-        order, p = order[:n_keep], p[:n_keep]
-        p = p / p.sum()
-    out = np.zeros(row.size, dtype=np.float64)
-    out[order] = p
+        keep = order[:n_keep]
+        p = np.zeros_like(p)
+        p[keep] = q[:n_keep] / q[:n_keep].sum()
+    if ids is None:
+        return p
+    out = np.zeros(z.size, dtype=np.float64)
+    out[ids] = p
     return out
 
 
