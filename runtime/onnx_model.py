@@ -12,7 +12,7 @@ no spinning thread pool (``session.intra_op.allow_spinning=0``), all graph optim
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +80,14 @@ class FlashOnnx:
             raise ValueError(f"ONNX graph lacks inputs {missing}: not a Flash export for this config")
         self._outputs = [o.name for o in session.get_outputs()]
         self._present = [f"present_{k}_{i}" for i in range(self.n_layer) for k in ("key", "value")]
+        self._past_names = [f"past_{k}_{i}" for i in range(self.n_layer) for k in ("key", "value")]
+        self._logits_at = self._outputs.index("logits")
+        self._router_at = self._outputs.index("router_probs")
+        self._present_at = [self._outputs.index(n) for n in self._present]
+        # read-only step inputs shared by every call (no allocation per step): positions, all-ones mask
+        self._positions = np.arange(self.block_size, dtype=np.int64)
+        self._positions.flags.writeable = False
+        self._ones = np.ones(0, dtype=np.int64)
 
     @classmethod
     def load(cls, model_dir: str | Path | None = None, *, file: str = "model.int4.onnx",
@@ -117,6 +125,15 @@ class FlashOnnx:
         session = ort.InferenceSession(str(root / file), options, providers=["CPUExecutionProvider"])
         return cls(session, config, tokenizer=Tokenizer.load(root / "tokenizer.json"), catalog=catalog)
 
+    def _all_ones(self, n: int) -> np.ndarray:
+        """A read-only all-ones int64 vector of length ``n``: a view of a buffer grown on demand."""
+        ones = self._ones
+        if ones.size < n:
+            ones = np.ones(max(n, 8 * self.block_size), dtype=np.int64)
+            ones.flags.writeable = False
+            self._ones = ones  # replaced whole, so a concurrent caller never sees a partial buffer
+        return ones[:n]
+
     def empty_past(self, batch: int) -> list[np.ndarray]:
         """Past tensors of length 0 for ``batch`` rows."""
         shape = (batch, self.n_head, 0, self.head_dim)
@@ -132,7 +149,7 @@ class FlashOnnx:
         ones; pass both for left-padded batches (see :mod:`runtime.export`).
         """
         ids = np.asarray(input_ids)
-        if ids.ndim != 2 or ids.shape[1] == 0 or not np.issubdtype(ids.dtype, np.integer):
+        if ids.ndim != 2 or ids.shape[1] == 0 or ids.dtype.kind not in "iu":
             raise ValueError(f"input_ids must be a non-empty integer [batch, time] array, got "
                              f"shape {ids.shape} dtype {ids.dtype}")
         b, t = ids.shape
@@ -146,9 +163,10 @@ class FlashOnnx:
         if p + t > self.block_size:
             raise ValueError(f"{p} cached + {t} new tokens exceed the context of {self.block_size}")
         if position_ids is None:
-            position_ids = np.broadcast_to(np.arange(p, p + t, dtype=np.int64), (b, t))
+            position_ids = self._positions[None, p : p + t] if b == 1 else np.broadcast_to(
+                self._positions[p : p + t], (b, t))
         if attention_mask is None:
-            attention_mask = np.ones((b, p + t), np.int64)
+            attention_mask = self._all_ones(b * (p + t)).reshape(b, p + t)
         if np.shape(attention_mask) != (b, p + t):
             raise ValueError(f"attention_mask shape {np.shape(attention_mask)} != (batch, past + new) "
                              f"= {(b, p + t)}")
@@ -159,11 +177,10 @@ class FlashOnnx:
             "position_ids": np.ascontiguousarray(position_ids, dtype=np.int64),
             "attention_mask": np.ascontiguousarray(attention_mask, dtype=np.int64),
         }
-        for i in range(self.n_layer):
-            feeds[f"past_key_{i}"] = past[2 * i]
-            feeds[f"past_value_{i}"] = past[2 * i + 1]
-        out = dict(zip(self._outputs, self.session.run(self._outputs, feeds)))
-        return out["logits"], [out[n] for n in self._present], out["router_probs"]
+        for name, array in zip(self._past_names, past):
+            feeds[name] = array
+        out = self.session.run(self._outputs, feeds)
+        return out[self._logits_at], [out[i] for i in self._present_at], out[self._router_at]
 
     def generate_ids(self, prompt_ids: Sequence[int], *, max_tokens: int = 32,
                      temperature: float = 0.8, top_k: int = 0, top_p: float = 0.95,
@@ -187,14 +204,16 @@ class FlashOnnx:
         if budget <= 0:
             return out
         logits, past, _ = self.step(np.asarray([prompt_ids], dtype=np.int64), None)
-        while True:
-            nxt = sample_next(logits[0, -1], rng, temperature=temperature, top_k=top_k, top_p=top_p)
+
+        def pick(_row: int, row_logits: np.ndarray) -> tuple[int | None, bool]:
+            nxt = sample_next(row_logits, rng, temperature=temperature, top_k=top_k, top_p=top_p)
             if nxt == eos_id:
-                break
+                return None, False
             out.append(nxt)
-            if len(out) >= budget:
-                break
-            logits, past, _ = self.step(np.asarray([[nxt]], dtype=np.int64), past)
+            return nxt, len(out) < budget
+
+        for _ in decode_rows(self, logits, past, 1, pick):
+            pass
         return out
 
     def generate(self, archetype: str, state: str, *, persona: Sequence[str] = (),
@@ -211,4 +230,58 @@ class FlashOnnx:
         return self.tokenizer.decode(new)
 
 
-__all__ = ["DEFAULT_MODEL_DIR", "FlashOnnx", "ort_session_options", "session_options"]
+def decode_rows(model: FlashOnnx, logits: np.ndarray, past: list[np.ndarray], n_rows: int,
+                pick: Callable[[int, np.ndarray], tuple[int | None, bool]], *,
+                attention_mask: np.ndarray | None = None, next_pos: np.ndarray | None = None,
+                on_step: Callable[[list[int], np.ndarray], None] | None = None,
+                ) -> Iterator[tuple[int, int]]:
+    """The decode loop: ``n_rows`` sequences in lock step after their prefill, one token per step.
+
+    ``logits`` [B, T, V] and ``past`` come from the prefill (the last position of each row is
+    read). For every live row ``b``, ``pick(b, logits_row)`` returns ``(token, more)``: the token
+    the row emits (None: none) and whether the row goes on, in which case the token is fed
+    back. Rows that stop leave the batch (their keys/values are dropped). Left-padded batches
+    pass their ``attention_mask`` [B, P] and each row's next position ``next_pos`` [B]; both grow
+    with every step. ``on_step(rows, router_probs)`` is called after each step with the rows it
+    ran. Yields ``(b, token)`` for every emitted token, in order.
+
+    Used by :meth:`FlashOnnx.generate_ids`, :mod:`runtime.batch_generate` and
+    :class:`runtime.generator.LineGenerator`, each with its own ``pick``.
+    """
+    if (attention_mask is None) != (next_pos is None):
+        raise ValueError("pass attention_mask and next_pos together (left-padded batches) or neither")
+    live = list(range(n_rows))
+    last = logits[:, -1, :]
+    mask = attention_mask
+    pos = None if next_pos is None else np.asarray(next_pos, dtype=np.int64).copy()
+    while True:
+        keep: list[int] = []
+        feed: list[int] = []
+        for i, b in enumerate(live):
+            tok, more = pick(b, last[i])
+            if tok is not None:
+                yield b, tok
+                if more:
+                    keep.append(i)
+                    feed.append(tok)
+        if not keep:
+            return
+        if len(keep) < len(live):
+            idx = np.asarray(keep)
+            past = [p[idx] for p in past]
+            if mask is not None and pos is not None:
+                mask, pos = mask[idx], pos[idx]
+            live = [live[i] for i in keep]
+        ids = np.asarray(feed, dtype=np.int64)[:, None]
+        if mask is None or pos is None:
+            logits, past, router = model.step(ids, past)
+        else:
+            mask = np.concatenate([mask, np.ones((len(live), 1), dtype=np.int64)], axis=1)
+            logits, past, router = model.step(ids, past, attention_mask=mask, position_ids=pos[:, None])
+            pos += 1
+        if on_step is not None:
+            on_step(live, router)
+        last = logits[:, -1, :]
+
+
+__all__ = ["DEFAULT_MODEL_DIR", "FlashOnnx", "decode_rows", "ort_session_options", "session_options"]
