@@ -1,9 +1,10 @@
 """Batched sampling of many prompts through one exported Flash graph.
 
 Prompts are grouped by length, so a batch never holds padding: every row of a group prefills the
-same number of tokens and then decodes in lock step until all rows have emitted ``eos`` or
-``max_tokens`` is reached. Each row samples with its own seeded generator, so a row's tokens do
-not depend on which other rows share its batch.
+same number of tokens and then decodes in lock step (:func:`runtime.onnx_model.decode_rows`)
+until all rows have emitted ``eos`` or ``max_tokens`` is reached; finished rows leave the batch.
+Each row samples with its own seeded generator, so a row's tokens do not depend on which other
+rows share its batch.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from runtime.onnx_model import FlashOnnx
+from runtime.onnx_model import FlashOnnx, decode_rows
 from runtime.sampling import sample_next
 
 
@@ -69,26 +70,22 @@ def _generate_group(
 ) -> list[list[int]]:
     eos = model.tokenizer.eos_id
     rngs = [np.random.default_rng(s) for s in seeds]
-    ids = np.asarray(prompts, dtype=np.int64)
-    logits, past, _ = model.step(ids, None)
-    done = np.zeros(len(prompts), dtype=bool)
     result: list[list[int]] = [[] for _ in prompts]
-    for _ in range(max_tokens):
-        last = logits[:, -1, :].copy()
-        for r, ids_r in enumerate(blocked):
-            if ids_r is not None and len(ids_r):
-                last[r, ids_r] = -np.inf
-        nxt = np.empty(len(prompts), dtype=np.int64)
-        for r in range(len(prompts)):
-            nxt[r] = eos if done[r] else sample_next(
-                last[r], rngs[r], temperature=temperature, top_k=top_k, top_p=top_p
-            )
-            if not done[r]:
-                if nxt[r] == eos:
-                    done[r] = True
-                else:
-                    result[r].append(int(nxt[r]))
-        if done.all():
-            break
-        logits, past, _ = model.step(nxt[:, None], past)
+    if max_tokens <= 0:
+        return result
+    logits, past, _ = model.step(np.asarray(prompts, dtype=np.int64), None)
+
+    def pick(r: int, row_logits: np.ndarray) -> tuple[int | None, bool]:
+        ids_r = blocked[r]
+        if ids_r is not None and len(ids_r):
+            row_logits = row_logits.copy()
+            row_logits[ids_r] = -np.inf
+        nxt = sample_next(row_logits, rngs[r], temperature=temperature, top_k=top_k, top_p=top_p)
+        if nxt == eos:
+            return None, False
+        result[r].append(nxt)
+        return nxt, len(result[r]) < max_tokens
+
+    for _ in decode_rows(model, logits, past, len(prompts), pick):
+        pass
     return result
