@@ -17,7 +17,8 @@ Per request::
 
 Several requests are decoded together by :meth:`LineGenerator.generate_batch` (stacked
 keys/values, rows of different lengths left-padded and masked, lock-step decoding); a single
-request is a batch of one, so there is exactly one decode loop (:meth:`LineGenerator._decode`).
+request is a batch of one. The loop itself is :func:`runtime.onnx_model.decode_rows`, shared
+with :meth:`runtime.onnx_model.FlashOnnx.generate_ids` and the evaluation's batched sampling.
 
 Thread safety: every public method may be called from several threads at once.
 """
@@ -52,7 +53,7 @@ from runtime.constraints import (
 )
 from runtime.fallback import FallbackBook
 from runtime.metrics import EngineMetrics
-from runtime.onnx_model import DEFAULT_MODEL_DIR, FlashOnnx
+from runtime.onnx_model import DEFAULT_MODEL_DIR, FlashOnnx, decode_rows
 from runtime.prefix_cache import PrefixCache
 from runtime.sampling import sample_next
 
@@ -792,61 +793,47 @@ class LineGenerator:
             r.router.append(router[:, b * t_in + t_in - 1])
             if r.budget == 0:
                 r.finish = "length"
-        live = list(range(len(rows)))
-        last = logits[:, -1, :]
-        t_step = time.perf_counter()
-        while True:
+        t_step = [time.perf_counter()]
+        single = len(rows) == 1
+
+        def pick(b: int, row_logits: np.ndarray) -> tuple[int | None, bool]:
+            r = rows[b]
+            if r.finish is not None:
+                return None, False
+            if cancelled is not None and cancelled():
+                r.finish = "cancelled"
+                return None, False
             # a row whose deadline would pass during the next step stops now, so its fallback is on time
-            now = time.perf_counter() + self._step_s
-            stop_all = cancelled is not None and cancelled()
-            nxt = np.full(len(live), eos, dtype=np.int64)
-            for pos, b in enumerate(live):
-                r = rows[b]
-                if r.finish is not None:
-                    continue
-                if stop_all:
-                    r.finish = "cancelled"
-                    continue
-                if r.prep.deadline is not None and now >= r.prep.deadline:
-                    r.finish = "deadline"
-                    continue
-                tok = self._sample(r, last[pos], eos)
-                if tok is None or tok == eos:
-                    r.finish = "eos"
-                    continue
-                r.tokens.append(tok)
-                r.scored.append(last[pos])
-                r.state = self.mask.step(r.state, tok)
-                nxt[pos] = tok
-                if r.prep.req.stop:
-                    cut = stop_index(self.tokenizer.decode(r.tokens), r.prep.req.stop)
-                    if cut >= 0:
-                        r.cut, r.finish = cut, "stop"
-                if r.finish is None and len(r.tokens) >= r.budget:
-                    r.finish = "length"
-                if len(rows) == 1:
-                    yield tok
-            keep = [pos for pos, b in enumerate(live) if rows[b].finish is None]
-            if not keep:
-                return
-            if len(keep) < len(live):
-                idx = np.asarray(keep)
-                past, nxt, next_pos = [p[idx] for p in past], nxt[idx], next_pos[idx]
-                mask = None if mask is None else mask[idx]
-                live = [live[pos] for pos in keep]
-            if mask is None:
-                logits, past, router = self.model.step(nxt[:, None], past)
-            else:
-                mask = np.concatenate([mask, np.ones((len(live), 1), dtype=np.int64)], axis=1)
-                logits, past, router = self.model.step(nxt[:, None], past, attention_mask=mask,
-                                                       position_ids=next_pos[:, None])
-            next_pos += 1
-            t_now = time.perf_counter()
-            self._step_s = 0.9 * self._step_s + 0.1 * (t_now - t_step) if self._step_s else t_now - t_step
-            t_step = t_now
-            for pos, b in enumerate(live):
-                rows[b].router.append(router[:, pos])
-            last = logits[:, -1, :]
+            if r.prep.deadline is not None and time.perf_counter() + self._step_s >= r.prep.deadline:
+                r.finish = "deadline"
+                return None, False
+            tok = self._sample(r, row_logits, eos)
+            if tok is None or tok == eos:
+                r.finish = "eos"
+                return None, False
+            r.tokens.append(tok)
+            r.scored.append(row_logits)
+            r.state = self.mask.step(r.state, tok)
+            if r.prep.req.stop:
+                cut = stop_index(self.tokenizer.decode(r.tokens), r.prep.req.stop)
+                if cut >= 0:
+                    r.cut, r.finish = cut, "stop"
+            if r.finish is None and len(r.tokens) >= r.budget:
+                r.finish = "length"
+            return tok, r.finish is None
+
+        def on_step(live: list[int], router: np.ndarray) -> None:
+            now = time.perf_counter()
+            dt = now - t_step[0]
+            self._step_s = 0.9 * self._step_s + 0.1 * dt if self._step_s else dt
+            t_step[0] = now
+            for i, b in enumerate(live):
+                rows[b].router.append(router[:, i])
+
+        for _b, tok in decode_rows(self.model, logits, past, len(rows), pick, attention_mask=mask,
+                                   next_pos=None if mask is None else next_pos, on_step=on_step):
+            if single:
+                yield tok
 
     def _sample(self, r: _Row, logits: np.ndarray, eos: int) -> int | None:
         """Sample the next token of ``r`` with its masks applied (None if every token is blocked)."""
