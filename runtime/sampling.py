@@ -28,9 +28,43 @@ def _check(temperature: float, top_k: int, top_p: float) -> None:
 
 def _top_k_ids(z: np.ndarray, k: int) -> np.ndarray:
     """Ids of the ``k`` largest values of ``z``, ties broken towards the lowest id (ascending ids)."""
-    v = np.partition(z, z.size - k)[z.size - k]  # the k-th largest value
+    n = z.size
+    cand = np.argpartition(z, n - k)[n - k :]
+    zc = z[cand]
+    v = zc.min()  # the k-th largest value
+    if np.count_nonzero(z == v) == np.count_nonzero(zc == v):  # no tie straddles the cut
+        return np.sort(cand)
     above = np.flatnonzero(z > v)
     return np.union1d(above, np.flatnonzero(z == v)[: k - above.size])
+
+
+def _kept(logits: np.ndarray, temperature: float, top_k: int, top_p: float
+          ) -> tuple[np.ndarray | None, np.ndarray]:
+    """(ids in ascending order, or None for all ids; their probabilities) of the filtered
+    distribution. Equivalent to sorting the whole row, without sorting it: ``top_k`` is a
+    partition, and for ``top_p`` only tokens with probability >= (1 - top_p) / n can be in the
+    nucleus (all tokens at most that likely hold < 1 - top_p of the mass together), so only
+    those are sorted."""
+    row = np.asarray(logits, dtype=np.float64).reshape(-1)
+    if row.size == 0 or not np.isfinite(row).any():
+        raise ValueError("logits must be a non-empty row with at least one finite value")
+    z = row / temperature
+    if np.isnan(z).any():
+        z = np.where(np.isnan(z), -np.inf, z)
+    ids = _top_k_ids(z, int(top_k)) if 0 < top_k < z.size else None
+    zk = z if ids is None else z[ids]
+    p = np.exp(zk - zk.max())
+    p /= p.sum()
+    if top_p >= 1.0:
+        return ids, p
+    cand = np.flatnonzero(p >= (1.0 - top_p) / p.size)
+    order = cand[np.argsort(-zk[cand], kind="stable")]  # most likely first, lowest id on ties
+    q = p[order]
+    # keep tokens until the cumulative probability before them reaches top_p
+    cum_before = np.cumsum(q) - q
+    n_keep = max(1, int(np.count_nonzero(cum_before < top_p)))
+    keep = np.sort(order[:n_keep])
+    return (keep if ids is None else ids[keep]), p[keep] / q[:n_keep].sum()
 
 
 def filtered_probs(logits: np.ndarray, *, temperature: float = 1.0, top_k: int = 0,
@@ -38,39 +72,14 @@ def filtered_probs(logits: np.ndarray, *, temperature: float = 1.0, top_k: int =
     """The distribution :func:`sample_next` draws from (float64, sums to 1; zeros outside).
 
     ``temperature`` must be > 0 here (greedy has no distribution).
-
-    Equivalent to sorting the whole row, without sorting it: ``top_k`` is a partition, and for
-    ``top_p`` only tokens with probability >= (1 - top_p) / n can be in the nucleus (all tokens
-    at most that likely hold < 1 - top_p of the mass together), so only those are sorted.
     """
     _check(temperature, top_k, top_p)
     if temperature == 0:
         raise ValueError("filtered_probs needs temperature > 0 (temperature 0 is greedy)")
-    row = np.asarray(logits, dtype=np.float64).reshape(-1)
-    if row.size == 0 or not np.isfinite(row).any():
-        raise ValueError("logits must be a non-empty row with at least one finite value")
-    z = row / temperature
-    z = np.where(np.isnan(z), -np.inf, z)
-    if 0 < top_k < z.size:
-        ids = _top_k_ids(z, int(top_k))  # ascending ids
-    else:
-        ids = None
-    zk = z if ids is None else z[ids]
-    p = np.exp(zk - zk.max())
-    p /= p.sum()
-    if top_p < 1.0:
-        cand = np.flatnonzero(p >= (1.0 - top_p) / p.size)
-        order = cand[np.argsort(-zk[cand], kind="stable")]  # most likely first, lowest id on ties
-        q = p[order]
-        # keep tokens until the cumulative probability before them reaches top_p
-        cum_before = np.cumsum(q) - q
-        n_keep = max(1, int(np.count_nonzero(cum_before < top_p)))
-        keep = order[:n_keep]
-        p = np.zeros_like(p)
-        p[keep] = q[:n_keep] / q[:n_keep].sum()
+    ids, p = _kept(logits, temperature, top_k, top_p)
     if ids is None:
         return p
-    out = np.zeros(z.size, dtype=np.float64)
+    out = np.zeros(np.size(logits), dtype=np.float64)
     out[ids] = p
     return out
 
@@ -86,15 +95,17 @@ def sample_next(logits: np.ndarray, rng: np.random.Generator | None = None, *,
         return int(np.argmax(row))
     if rng is None:
         raise ValueError("sampling with temperature > 0 needs an rng (np.random.default_rng(seed))")
-    p = filtered_probs(row, temperature=temperature, top_k=top_k, top_p=top_p)
+    ids, p = _kept(row, temperature, top_k, top_p)
+    # the cdf over the kept ids in id order has exactly the partial sums of the cdf over the
+    # whole vocabulary at those ids (the others add zeros), so the draw is the same
     cdf = np.cumsum(p)
     idx = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
-    # searchsorted can land on a zero-probability id after the last kept one only through
-    # rounding at the very top of the cdf; step back to the last id with probability
-    idx = min(idx, row.size - 1)
+    # searchsorted can land past the last id with probability only through rounding at the
+    # very top of the cdf; step back to the last id with probability
+    idx = min(idx, p.size - 1)
     while p[idx] == 0:
         idx -= 1
-    return idx
+    return idx if ids is None else int(ids[idx])
 
 
 __all__ = ["filtered_probs", "sample_next"]
