@@ -207,7 +207,7 @@ class LineGenerator:
     def __init__(self, model: FlashOnnx | None, *, catalog: Mapping[str, Any], fallbacks: FallbackBook,
                  banned_words: Iterable[str] = (), slot_rules: SlotRules | None = None,
                  prefix_cache: PrefixCache | None = None, use_prefix_cache: bool = True,
-                 name: str = "flash", temperature: float = 0.8, top_p: float = 0.95, top_k: int = 50,
+                 name: str = "flash", temperature: float = 0.8, top_p: float = 0.95, top_k: int = 0,
                  repeat_window: int = 8, max_resamples: int = 2, workers: int = 1,
                  slot_defaults: Mapping[str, str] | None = None, min_mean_logprob: float | None = -5.0
                  ) -> None:
