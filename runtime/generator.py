@@ -56,6 +56,7 @@ from runtime.metrics import EngineMetrics
 from runtime.onnx_model import DEFAULT_MODEL_DIR, FlashOnnx, decode_rows
 from runtime.prefix_cache import PrefixCache
 from runtime.sampling import sample_next
+from runtime.tokenizer import check_request
 
 log = logging.getLogger("flashnpc.runtime")
 
@@ -520,7 +521,7 @@ class LineGenerator:
         if self.model is not None:
             ids, prefix_len = self.tokenizer.encode_prompt(req.npc, persona, req.state, req.intent, closed)
         else:
-            _validate_without_model(cat, req.npc, persona, req.state, req.intent, closed)
+            check_request(cat, req.npc, persona, req.state, req.intent, closed)
             ids, prefix_len = [], 0
         allowed = set(cat["slots"])
         if self.slot_rules is not None:
@@ -976,24 +977,6 @@ def _fingerprint(model: FlashOnnx, path: Path) -> str:
         return f"bundle:{bundle.manifest['model'].get('version', '')}:{bundle.model_file}"
     st = os.stat(path)
     return f"{path.name}:{st.st_size}:{st.st_mtime_ns}"
-
-
-def _validate_without_model(cat: Mapping[str, Any], npc: str, persona: Sequence[str], state: str,
-                            intent: str, context: Mapping[str, str]) -> None:
-    from runtime.tokenizer import _unknown
-
-    if npc not in cat["archetypes"]:
-        raise _unknown("archetype", npc, cat["archetypes"])
-    for trait in [persona] if isinstance(persona, str) else persona:
-        if trait not in cat["persona_traits"]:
-            raise _unknown("persona trait", trait, cat["persona_traits"])
-    if state not in cat["states"]:
-        raise _unknown("state", state, cat["states"])
-    if intent not in cat["intents"]:
-        raise _unknown("intent", intent, cat["intents"])
-    for slot, value in context.items():
-        if value not in cat["context"][slot]:
-            raise _unknown(f"value for context slot {slot!r}", value, cat["context"][slot])
 
 
 __all__ = ["Line", "LineGenerator", "LineRequest", "LineStream", "ModelLoadError", "active_params_percent"]

@@ -82,6 +82,46 @@ def _unknown(kind: str, value: object, known: Sequence[str]) -> ValueError:
     )
 
 
+def check_request(
+    catalog: Mapping,
+    archetype: str,
+    persona: Sequence[str] | str,
+    state: str,
+    intent: str,
+    context: Mapping[str, str] | Iterable[tuple[str, str]] = (),
+) -> tuple[list[str], dict[str, str]]:
+    """Validate a line request against a catalog; return (sorted unique persona traits, context).
+
+    Unknown values raise ValueError listing the known values, closest match first; a context
+    slot given twice with different values is an error.
+    """
+    cat = catalog
+    if archetype not in cat["archetypes"]:
+        raise _unknown("archetype", archetype, cat["archetypes"])
+    if isinstance(persona, str):
+        persona = [persona]
+    traits = sorted(set(persona))
+    for trait in traits:
+        if trait not in cat["persona_traits"]:
+            raise _unknown("persona trait", trait, cat["persona_traits"])
+    if state not in cat["states"]:
+        raise _unknown("state", state, cat["states"])
+    if intent not in cat["intents"]:
+        raise _unknown("intent", intent, cat["intents"])
+    pairs = list(context.items()) if isinstance(context, Mapping) else list(context)
+    values: dict[str, str] = {}
+    for pair in pairs:
+        slot, value = pair
+        if slot not in cat["context"]:
+            raise _unknown("context slot", slot, list(cat["context"]))
+        if value not in cat["context"][slot]:
+            raise _unknown(f"value for context slot {slot!r}", value, cat["context"][slot])
+        if slot in values and values[slot] != value:
+            raise ValueError(f"context slot {slot!r} given twice ({values[slot]!r}, {value!r})")
+        values[slot] = value
+    return traits, values
+
+
 class Tokenizer:
     """Encodes lines and prompts to ids and decodes ids to lines.
 
@@ -236,29 +276,7 @@ class Tokenizer:
         closest match first.
         """
         cat = self.catalog
-        if archetype not in cat["archetypes"]:
-            raise _unknown("archetype", archetype, cat["archetypes"])
-        if isinstance(persona, str):
-            persona = [persona]
-        traits = sorted(set(persona))
-        for trait in traits:
-            if trait not in cat["persona_traits"]:
-                raise _unknown("persona trait", trait, cat["persona_traits"])
-        if state not in cat["states"]:
-            raise _unknown("state", state, cat["states"])
-        if intent not in cat["intents"]:
-            raise _unknown("intent", intent, cat["intents"])
-        pairs = list(context.items()) if isinstance(context, Mapping) else list(context)
-        values: dict[str, str] = {}
-        for pair in pairs:
-            slot, value = pair
-            if slot not in cat["context"]:
-                raise _unknown("context slot", slot, list(cat["context"]))
-            if value not in cat["context"][slot]:
-                raise _unknown(f"value for context slot {slot!r}", value, cat["context"][slot])
-            if slot in values and values[slot] != value:
-                raise ValueError(f"context slot {slot!r} given twice ({values[slot]!r}, {value!r})")
-            values[slot] = value
+        traits, values = check_request(cat, archetype, persona, state, intent, context)
         ids = [self.bos_id, self._control_id[f"<arch:{archetype}>"]]
         ids += [self._control_id[f"<persona:{t}>"] for t in traits]
         ids.append(self._control_id[f"<state:{state}>"])
