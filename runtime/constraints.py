@@ -249,8 +249,22 @@ class BannedWordMask:
 
 
 def fill_slots(text: str, values: Mapping[str, str]) -> str:
-    """Replace ``{slot}`` markers with ``values[slot]``; markers without a value stay."""
-    return _SLOT_MARKER.sub(lambda m: str(values.get(m.group(1), m.group(0))), text)
+    """Replace ``{slot}`` markers with ``values[slot]``; markers without a value stay.
+
+    A value that starts a sentence (the line, or after ``.``, ``!`` or ``?``) gets a capital
+    first letter: "the barracks" at the start reads "The barracks is...".
+    """
+
+    def fill(m: re.Match[str]) -> str:
+        value = values.get(m.group(1))
+        if value is None:
+            return m.group(0)
+        value = str(value)
+        if re.search(r"(^|[.!?]\s+)$", text[: m.start()]):
+            value = value[:1].upper() + value[1:]
+        return value
+
+    return _SLOT_MARKER.sub(fill, text)
 
 
 def unfilled_slots(text: str) -> set[str]:

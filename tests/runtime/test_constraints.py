@@ -168,3 +168,13 @@ def test_the_fast_mask_equals_the_token_by_token_reference(mask, tok):
         for last in (False, True):
             fast, ref = mask.blocked(state, last=last), mask.blocked_exact(state, last=last)
             assert np.array_equal(fast, ref), (text, last, np.flatnonzero(fast != ref)[:10])
+
+
+def test_a_slot_value_that_starts_a_sentence_is_capitalised():
+    from runtime.constraints import fill_slots
+
+    values = {"location": "the barracks", "item": "a sword"}
+    assert fill_slots("{location} is that way. Past {location}!", values) == (
+        "The barracks is that way. Past the barracks!"
+    )
+    assert fill_slots("Take it. {item}, fine steel.", values) == "Take it. A sword, fine steel."
