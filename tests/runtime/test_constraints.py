@@ -171,8 +171,6 @@ def test_the_fast_mask_equals_the_token_by_token_reference(mask, tok):
 
 
 def test_a_slot_value_that_starts_a_sentence_is_capitalised():
-    from runtime.constraints import fill_slots
-
     values = {"location": "the barracks", "item": "a sword"}
     assert fill_slots("{location} is that way. Past {location}!", values) == (
         "The barracks is that way. Past the barracks!"
