@@ -1,0 +1,375 @@
+"""Dialogue over WebSockets: :class:`DialogueServer` maps the messages of
+:mod:`server_sync.dialogue_protocol` onto a :class:`runtime.dialogue_service.DialogueService`.
+
+Per connection, with the sync server's limits: the first frame must be a ``hello`` with a
+valid token (:func:`server_sync.auth.verify_token`, within ``hello_timeout_s``); inbound frames
+are size-limited (``max_frame``, close code 1009), rate-limited (token bucket,
+``rate_per_s`` / ``rate_burst``) and schema-validated; a violation gets an ``error`` frame
+and a close whose reason is the error code. Outbound frames go straight into the socket's
+write buffer; a client whose unsent backlog passes ``max_outbound_bytes`` is dropped with
+``slow_consumer``. A connection may hold ``max_sessions_per_conn`` dialogue sessions and
+``max_inflight_per_conn`` unanswered ``request_line`` messages (more get ``busy``); its
+sessions close when it disconnects. Sessions are private to the connection that opened
+them: another connection naming the id gets ``unknown_session``.
+
+A request the service cannot take (queue full) is answered ``busy`` with the service's
+``retry_after_ms``; anything the model has trouble with comes back as a ``line`` with
+``fallback: true`` (the service never fails a valid request otherwise).
+
+HTTP (aiohttp, ``http_port``): ``/health`` (200 ``ready`` or 503 ``degraded``, with the
+service's breaker state) and ``/metrics`` (the server's counters followed by the service's
+registry, Prometheus text format).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from websockets.asyncio.connection import broadcast
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+
+from runtime.dialogue_service import Busy, DialogueLine, DialogueService, SessionNotFound
+
+from .auth import verify_token
+from .dialogue_protocol import DIALOGUE_PROTOCOL_VERSION, decode_dialogue_client
+from .protocol import Codec, ProtocolError, encode
+from .server import _Bucket
+
+__all__ = ["DialogueConfig", "DialogueServer"]
+
+log = logging.getLogger("flashnpc.server_sync.dialogue")
+
+
+@dataclass
+class DialogueConfig:
+    secret: bytes
+    host: str = "127.0.0.1"
+    port: int = 8767
+    http_port: int | None = 8768  # None: no HTTP side port
+    max_frame: int = 4096
+    rate_per_s: float = 20.0
+    rate_burst: float = 40.0
+    max_outbound_bytes: int = 256 * 1024
+    hello_timeout_s: float = 5.0
+    max_sessions_per_conn: int = 64
+    max_inflight_per_conn: int = 16
+    listen_backlog: int = 4096
+
+
+class _Conn:
+    """One authenticated connection: its socket, codec, sessions and requests in flight."""
+
+    __slots__ = ("codec", "inflight", "player", "sessions", "ws")
+
+    def __init__(self, ws: ServerConnection, player: str, codec: Codec) -> None:
+        self.ws, self.player, self.codec = ws, player, codec
+        self.sessions: set[str] = set()
+        self.inflight: dict[int, asyncio.Task[None]] = {}
+
+
+class DialogueServer:
+    """Serve ``service`` (already loaded; the server starts and closes it) per ``config``."""
+
+    def __init__(self, service: DialogueService, config: DialogueConfig) -> None:
+        self.service = service
+        self.config = config
+        self.conns: set[_Conn] = set()
+        self.errors: Counter[str] = Counter()
+        self.messages: Counter[str] = Counter()
+        self.busy_total = 0
+        self.lines_total = 0
+        self.fallbacks_total = 0
+        self.frames_out = 0
+        self.bytes_out = 0
+        self.connections_total = 0
+        self._closing: set[ServerConnection] = set()
+        self._sid_prefix = f"d{id(self):x}-"
+        self._next_sid = 0
+        self._ws_server: Any = None
+        self._http_runner: Any = None
+        self.port: int | None = None
+        self.http_port: int | None = None
+
+    # ---- lifecycle -----------------------------------------------------------------------
+    async def start(self) -> None:
+        c = self.config
+        await self.service.start()
+        self._ws_server = await serve(self._handler, c.host, c.port, max_size=c.max_frame,
+                                      compression=None, max_queue=64, ping_interval=20,
+                                      ping_timeout=20, close_timeout=2, backlog=c.listen_backlog)
+        self.port = self._ws_server.sockets[0].getsockname()[1]
+        if c.http_port is not None:
+            self._http_runner, self.http_port = await _start_http(self, c.host, c.http_port)
+
+    async def stop(self) -> None:
+        if self._ws_server is not None:
+            for conn in list(self.conns):
+                with contextlib.suppress(Exception):
+                    await conn.ws.send(encode({"t": "bye", "reason": "server_shutdown"}, conn.codec))
+            self._ws_server.close()
+            await self._ws_server.wait_closed()
+        if self._http_runner is not None:
+            await self._http_runner.cleanup()
+        await self.service.close()
+
+    async def __aenter__(self) -> DialogueServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def health(self) -> dict[str, Any]:
+        """``degraded`` (with reasons) while the service's breaker is not closed."""
+        svc = self.service.health()
+        reasons = []
+        if svc["status"] != "ok":
+            b = svc["breaker"]
+            reasons.append(f"dialogue breaker {b.get('state')}: {b.get('reason') or 'see breaker'}")
+        return {"status": "degraded" if reasons else "ready", "reasons": reasons,
+                "clients": len(self.conns), "service": svc}
+
+    # ---- sending -------------------------------------------------------------------------
+    def _send(self, conn: _Conn, msg: dict[str, Any]) -> None:
+        ws = conn.ws
+        if ws in self._closing or ws.transport is None:
+            return
+        frame = encode(msg, conn.codec)
+        broadcast((ws,), frame)
+        self.frames_out += 1
+        self.bytes_out += len(frame)
+        backlog = ws.transport.get_write_buffer_size()
+        if backlog > self.config.max_outbound_bytes:
+            self._kick(ws, "slow_consumer",
+                       f"{backlog} bytes unsent (limit {self.config.max_outbound_bytes})")
+
+    def _kick(self, ws: ServerConnection, code: str, reason: str) -> None:
+        self.errors[code] += 1
+        self._closing.add(ws)
+
+        async def close() -> None:
+            try:
+                await asyncio.wait_for(ws.close(1008, f"{code}: {reason}"[:120]), 2.0)
+            except (asyncio.TimeoutError, ConnectionClosed):
+                if ws.transport is not None:
+                    ws.transport.abort()
+            finally:
+                self._closing.discard(ws)
+
+        asyncio.get_running_loop().create_task(close())
+
+    async def _refuse(self, ws: ServerConnection, err: ProtocolError, codec: Codec) -> None:
+        self.errors[err.code] += 1
+        with contextlib.suppress(ConnectionClosed):
+            await ws.send(encode({"t": "error", "code": err.code, "reason": err.reason[:800]},
+                                 codec))
+            await ws.close(1008, f"{err.code}: {err.reason}"[:120])
+
+    def _request_error(self, conn: _Conn, rid: int, code: str, reason: str) -> None:
+        self.errors[code] += 1
+        self._send(conn, {"t": "error", "rid": rid, "code": code, "reason": reason[:800]})
+
+    # ---- connections ---------------------------------------------------------------------
+    async def _handler(self, ws: ServerConnection) -> None:
+        c = self.config
+        self.connections_total += 1
+        codec: Codec = "json"
+        try:
+            frame = await asyncio.wait_for(ws.recv(), c.hello_timeout_s)
+        except asyncio.TimeoutError:
+            await self._refuse(ws, ProtocolError("not_authenticated", "no hello within the timeout"),
+                               codec)
+            return
+        except ConnectionClosed as exc:
+            self._count_close(exc)
+            return
+        try:
+            msg, codec = decode_dialogue_client(frame)
+            if msg["t"] != "hello":
+                raise ProtocolError("not_authenticated", f"first message must be hello, got {msg['t']}")
+            player = verify_token(c.secret, msg["token"])
+            if msg["v"] != DIALOGUE_PROTOCOL_VERSION:
+                raise ProtocolError("unsupported_version", f"server speaks dialogue protocol "
+                                    f"{DIALOGUE_PROTOCOL_VERSION}, client {msg['v']}")
+        except ProtocolError as err:
+            await self._refuse(ws, err, codec)
+            return
+        conn = _Conn(ws, player, codec)
+        self.conns.add(conn)
+        self._send(conn, {"t": "welcome", "v": DIALOGUE_PROTOCOL_VERSION, "player": player})
+        bucket = _Bucket(c.rate_burst, time.monotonic())
+        try:
+            async for frame in ws:
+                now = time.monotonic()
+                bucket.tokens = min(c.rate_burst, bucket.tokens + (now - bucket.last) * c.rate_per_s)
+                bucket.last = now
+                if bucket.tokens < 1.0:
+                    raise ProtocolError("rate_limited", f"more than {c.rate_per_s:g} messages/s "
+                                                        f"(burst {c.rate_burst:g})")
+                bucket.tokens -= 1.0
+                msg, _ = decode_dialogue_client(frame)
+                self.messages[msg["t"]] += 1
+                if msg["t"] == "bye":
+                    await ws.close(1000, "bye")
+                    return
+                if msg["t"] == "hello":
+                    raise ProtocolError("bad_message", "hello: already authenticated")
+                self._dispatch(conn, msg)
+        except ProtocolError as err:
+            await self._refuse(ws, err, codec)
+        except ConnectionClosed as exc:
+            self._count_close(exc)
+        finally:
+            self.conns.discard(conn)
+            for task in conn.inflight.values():
+                task.cancel()
+            for sid in conn.sessions:
+                with contextlib.suppress(SessionNotFound):
+                    self.service.close_session(sid)
+
+    def _count_close(self, exc: ConnectionClosed) -> None:
+        if exc.sent is not None and exc.sent.code == 1009:
+            self.errors["too_big"] += 1
+
+    # ---- messages ------------------------------------------------------------------------
+    def _dispatch(self, conn: _Conn, msg: dict[str, Any]) -> None:
+        t, rid = msg["t"], msg["rid"]
+        if t == "open_session":
+            if len(conn.sessions) >= self.config.max_sessions_per_conn:
+                self._request_error(conn, rid, "too_many_sessions", f"at most "
+                                    f"{self.config.max_sessions_per_conn} sessions per connection")
+                return
+            self._next_sid += 1
+            sid = f"{self._sid_prefix}{self._next_sid}"
+            try:
+                self.service.open_session(msg["archetype"], state=msg["state"],
+                                          persona=msg.get("persona", ()),
+                                          context=msg.get("context"), player_id=conn.player,
+                                          session_id=sid)
+            except Busy as exc:
+                self.busy_total += 1
+                self._send(conn, {"t": "busy", "rid": rid, "retry_after_ms": exc.retry_after_ms})
+                return
+            except ValueError as exc:
+                self._request_error(conn, rid, "invalid_request", f"open_session: {exc}")
+                return
+            conn.sessions.add(sid)
+            self._send(conn, {"t": "session", "rid": rid, "session": sid})
+            return
+        sid = msg["session"]
+        if sid not in conn.sessions:
+            self._request_error(conn, rid, "unknown_session",
+                                f"{t}: no session {sid!r} is open on this connection")
+            return
+        if t == "close_session":
+            conn.sessions.discard(sid)
+            self.service.close_session(sid)
+            self._send(conn, {"t": "ok", "rid": rid})
+        elif t == "update_state":
+            try:
+                self.service.update_state(sid, state=msg.get("state"), persona=msg.get("persona"),
+                                          context=msg.get("context"))
+            except ValueError as exc:
+                self._request_error(conn, rid, "invalid_request", f"update_state: {exc}")
+                return
+            self._send(conn, {"t": "ok", "rid": rid})
+        else:  # request_line
+            if rid in conn.inflight:
+                self._request_error(conn, rid, "duplicate_rid", f"request {rid} is still in flight")
+            elif len(conn.inflight) >= self.config.max_inflight_per_conn:
+                self.busy_total += 1
+                self._send(conn, {"t": "busy", "rid": rid, "retry_after_ms":
+                                  self.service._retry_after_ms()})
+            else:
+                task = asyncio.get_running_loop().create_task(self._line(conn, msg))
+                conn.inflight[rid] = task
+                task.add_done_callback(lambda _t, r=rid: conn.inflight.pop(r, None))
+
+    async def _line(self, conn: _Conn, msg: dict[str, Any]) -> None:
+        rid, sid = msg["rid"], msg["session"]
+
+        def piece(text: str) -> None:
+            self._send(conn, {"t": "piece", "rid": rid, "text": text})
+
+        try:
+            line: DialogueLine = await self.service.request_line(
+                sid, msg["intent"], context=msg.get("context"), seed=msg.get("seed"),
+                deadline_ms=msg.get("deadline_ms"), max_tokens=msg.get("max_tokens"),
+                critical=msg.get("critical", False), batch=msg.get("batch", True),
+                on_piece=piece if msg.get("stream", False) else None)
+        except Busy as exc:
+            self.busy_total += 1
+            self._send(conn, {"t": "busy", "rid": rid, "retry_after_ms": exc.retry_after_ms})
+            return
+        except SessionNotFound:
+            self._request_error(conn, rid, "unknown_session", f"request_line: session {sid!r} closed")
+            return
+        except ValueError as exc:
+            self._request_error(conn, rid, "invalid_request", f"request_line: {exc}")
+            return
+        self.lines_total += 1
+        self.fallbacks_total += line.fallback
+        out: dict[str, Any] = {"t": "line", "rid": rid, "session": sid, "text": line.text,
+                               "fallback": line.fallback, "tokens": len(line.tokens),
+                               "latency_ms": line.latency_ms, "ttft_ms": line.ttft_ms,
+                               "cached_tokens": line.cached_tokens}
+        if line.fallback_reason is not None:
+            out["fallback_reason"] = line.fallback_reason
+        self._send(conn, out)
+
+
+async def _start_http(server: DialogueServer, host: str, port: int) -> tuple[Any, int]:
+    """/health and /metrics for a dialogue server (aiohttp, the pattern of server_sync.http)."""
+    from aiohttp import web
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    class Collector:
+        def collect(self) -> Any:
+            c = CounterMetricFamily
+            yield GaugeMetricFamily("flashnpc_dialogue_clients", "connected dialogue WebSocket clients",
+                                    value=len(server.conns))
+            for name, doc, value in (("connections", "connections accepted", server.connections_total),
+                                     ("lines", "lines answered", server.lines_total),
+                                     ("fallback_lines", "lines answered with a fallback",
+                                      server.fallbacks_total),
+                                     ("busy", "requests answered busy", server.busy_total),
+                                     ("frames_out", "frames sent", server.frames_out),
+                                     ("bytes_out", "payload bytes sent", server.bytes_out)):
+                yield c(f"flashnpc_dialogue_{name}", doc, value=value)
+            errors = c("flashnpc_dialogue_errors", "errors sent, by code", labels=["code"])
+            for code, n in sorted(server.errors.items()):
+                errors.add_metric([code], n)
+            yield errors
+            msgs = c("flashnpc_dialogue_messages", "messages received, by type", labels=["type"])
+            for t, n in sorted(server.messages.items()):
+                msgs.add_metric([t], n)
+            yield msgs
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Collector())  # type: ignore[arg-type]
+
+    async def health(_: web.Request) -> web.Response:
+        h = server.health()
+        return web.json_response(h, status=200 if h["status"] == "ready" else 503)
+
+    async def metrics(_: web.Request) -> web.Response:
+        body = generate_latest(registry) + server.service.exposition()
+        return web.Response(body=body, content_type="text/plain", charset="utf-8")
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, bound
