@@ -48,13 +48,16 @@ class Line(Event):
 @dataclass(frozen=True, slots=True)
 class StateChanged(Event):
     """A blackboard key of an NPC's tree changed value (keys the world itself writes, such as
-    ``player_near``, and ``_private`` keys are not reported)."""
+    ``player_near``, and ``_private`` keys are not reported). ``remote``: the NPC is remote
+    (client mode), so the change came from the server through
+    :meth:`plugin.World.apply_remote_state`."""
 
     npc_id: Any
     key: str
     old: Any
     new: Any
     time: float = 0.0
+    remote: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from behavior_tree import Blackboard, Factory, Tree, TreeDefinition, TreeLoadError, TreeScheduler
+from behavior_tree import (
+    Blackboard,
+    BlackboardTypeError,
+    Factory,
+    Tree,
+    TreeDefinition,
+    TreeLoadError,
+    TreeScheduler,
+)
 
 from .errors import WorldError
 from .events import Event, Line, LineDropped, LinePiece, StateChanged
@@ -102,6 +110,8 @@ class NPC:
     last_tick: float = 0.0  # game time of the tree's last tick
     cooldown_until: float = -math.inf
     state_version: int = 0
+    remote: bool = False  # client mode: state comes from a server, the tree never ticks here
+    remote_updates: int = 0  # remote writes applied (apply_remote_state)
     near: dict[Any, None] = field(default_factory=dict)  # players in the approach radius
     _unobserve: Callable[[], None] | None = None
 
@@ -163,6 +173,13 @@ class World:
     ``context_keys`` maps blackboard keys to prompt context slots. ``factory``: the
     behavior-tree factory (default: one with MoveTo, NextWaypoint, PlayAnimation registered);
     register your own nodes on ``world.factory``.
+
+    ``mode="client"``: every NPC added is *remote* (see :meth:`set_remote`): its state comes
+    from a server through :meth:`apply_remote_state` and its tree never ticks here, while
+    proximity, lines and the stale-line policy run locally (docs/plugin.md, "Client mode").
+    ``approach_barks=False``: players walking up to NPCs request no lines (only :meth:`talk`
+    does), e.g. for a server world that runs trees only; the attribute of that name can be
+    changed at any time.
     """
 
     def __init__(self, generator: Any = None, *, seed: int | None = None, deterministic: bool = False,
@@ -171,7 +188,12 @@ class World:
                  approach_radius: float = 4.0, cell_size: float = 8.0, state_key: str = "state",
                  state_map: Mapping[str, str] | None = None,
                  context_keys: Mapping[str, str] | None = None, factory: Factory | None = None,
-                 max_tokens: int = 32, max_regenerations: int = 2, recent_lines: int = 100) -> None:
+                 max_tokens: int = 32, max_regenerations: int = 2, recent_lines: int = 100,
+                 mode: str = "local", approach_barks: bool = True) -> None:
+        if mode not in ("local", "client"):
+            raise WorldError(f"World: mode must be 'local' or 'client', got {mode!r}")
+        if not isinstance(approach_barks, bool):
+            raise WorldError(f"World: approach_barks must be a bool, got {approach_barks!r}")
         if not (isinstance(speech_cooldown, (int, float)) and math.isfinite(speech_cooldown)
                 and speech_cooldown >= 0):
             raise WorldError(f"World: speech_cooldown must be a finite number >= 0, got {speech_cooldown!r}")
@@ -193,6 +215,8 @@ class World:
                 raise WorldError(f"World: state_map maps {name!r} to {state!r}, which is not a model "
                                  f"state; known: {', '.join(self.catalog['states'])}")
         self.seed = seed
+        self.mode = mode
+        self.approach_barks = approach_barks
         self.deterministic = deterministic
         self.stream = stream
         self.speech_cooldown = float(speech_cooldown)
@@ -232,7 +256,7 @@ class World:
         self.counters: dict[str, int] = {
             "lines": 0, "fallbacks": 0, "requests": 0, "regenerated": 0, "dropped_stale": 0,
             "dropped_superseded": 0, "dropped_out_of_range": 0, "dropped_error": 0,
-            "callback_errors": 0, "state_changes": 0,
+            "callback_errors": 0, "state_changes": 0, "remote_updates": 0,
         }
         self._latencies: deque[float] = deque(maxlen=4096)
         self._cache_hits = 0
@@ -249,7 +273,7 @@ class World:
                 persona: Sequence[str] | None = None, position: Sequence[float] = (0.0, 0.0),
                 context: Mapping[str, Any] | None = None, radius: float | None = None,
                 rate_hz: float | None = None, phase: float | None = None,
-                speech_cooldown: float | None = None) -> NPC:
+                speech_cooldown: float | None = None, remote: bool | None = None) -> NPC:
         """Add an NPC and schedule its tree; returns the :class:`NPC`.
 
         ``tree``: BehaviorTree.CPP v4 XML text, a path to an XML file, a
@@ -260,8 +284,10 @@ class World:
         context must be in the catalog's vocabulary; ``time_of_day``, ``weather`` and
         ``recent_event`` hold until the next :meth:`set_context` of that key). ``radius``:
         approach radius (default the world's). ``rate_hz``/``phase``: the tree's tick rate
-        and phase. ``speech_cooldown``: this NPC's (default the world's). Every argument is
-        checked before anything is added: :class:`WorldError` otherwise.
+        and phase. ``speech_cooldown``: this NPC's (default the world's). ``remote``: the NPC's
+        state comes from a server and its tree never ticks here (default: True in client
+        mode, False otherwise; see :meth:`set_remote`). Every argument is checked before
+        anything is added: :class:`WorldError` otherwise.
         """
         where = f"add_npc({npc_id!r})"
         _check_id("NPC", npc_id)
@@ -280,6 +306,8 @@ class World:
             raise WorldError(f"{where}: speech_cooldown must be a finite number >= 0, got {speech_cooldown!r}")
         if phase is not None and not (isinstance(phase, (int, float)) and 0.0 <= phase < 1.0):
             raise WorldError(f"{where}: phase must be in [0, 1), got {phase!r}")
+        if remote is not None and not isinstance(remote, bool):
+            raise WorldError(f"{where}: remote must be a bool or None, got {remote!r}")
         initial = dict(context or {})
         for key, value in initial.items():
             if not isinstance(key, str) or not key:
@@ -293,14 +321,15 @@ class World:
         # nothing below can fail on user input
         npc = NPC(npc_id, archetype, traits, t, pos, r, rate,
                   self.speech_cooldown if speech_cooldown is None else float(speech_cooldown),
-                  last_tick=self.time)
+                  last_tick=self.time, remote=self.mode == "client" if remote is None else remote)
         npc._unobserve = t.blackboard.observe(
             lambda key, old, new, _npc=npc: self._on_blackboard(_npc, key, old, new))
         self.npcs[npc_id] = npc
         self._npc_of_tree[t] = npc
         self.grid.insert(npc_id, *pos)
         self._max_radius = max(self._max_radius, r)
-        self.scheduler.add(t, rate_hz=rate, phase=phase, start=self.time)
+        if not npc.remote:
+            self.scheduler.add(t, rate_hz=rate, phase=phase, start=self.time)
         return npc
 
     def _check_persona(self, where: str, persona: Sequence[str] | None) -> tuple[str, ...]:
@@ -396,6 +425,74 @@ class World:
         pos = _check_position(f"move_npc({npc_id!r})", position)
         npc.position = pos
         self.grid.move(npc_id, *pos)
+
+    # ------------------------------------------------------------------ client mode
+
+    def set_remote(self, npc_id: Any, remote: bool = True) -> None:
+        """Make an NPC remote (its state is another machine's) or local again.
+
+        A remote NPC's tree is taken off the scheduler and halted (halt callbacks run once,
+        here): it never ticks in this world; its blackboard changes only through
+        :meth:`apply_remote_state` (and the world's own input keys, :data:`WORLD_KEYS`, which
+        this world keeps writing from its players and context). Everything else works as for a
+        local NPC: proximity, approach barks, :meth:`talk`, :class:`StateChanged` events and
+        the stale-line policy. A queued line request of a remote NPC waits for the next
+        remote update, or two tick periods, instead of the next tick. ``remote=False``
+        schedules the tree again from the current game time.
+        """
+        where = f"set_remote({npc_id!r})"
+        npc = self._npc(where, npc_id)
+        if not isinstance(remote, bool):
+            raise WorldError(f"{where}: remote must be a bool, got {remote!r}")
+        if remote == npc.remote:
+            return
+        npc.remote = remote
+        if remote:
+            self.scheduler.remove(npc.tree)
+            try:
+                npc.tree.halt()
+            except Exception:  # a user halt callback; the tree is off the scheduler either way
+                log.exception("halting the tree of NPC %r (now remote) raised", npc_id)
+        else:
+            npc.last_tick = self.time
+            self.scheduler.add(npc.tree, rate_hz=npc.rate_hz, start=self.time)
+        progress = self._progress(npc)
+        for req in self._queue:  # queued requests now wait on the other kind of progress
+            if req.npc is npc and req.tick0 != -1:
+                req.tick0 = progress
+
+    def apply_remote_state(self, npc_id: Any, key: str, value: Any) -> None:
+        """Write blackboard ``key`` of remote NPC ``npc_id`` as the server says.
+
+        The write goes through the NPC's blackboard exactly like a write by its tree: a
+        change is reported as :class:`StateChanged` (with ``remote=True``) on the next
+        :meth:`update`, a change of the behavior state makes the NPC's lines in flight stale
+        (regenerated or dropped by the policy), and keys such as ``silent`` or the free-text
+        slots take effect on the next line. Writing an unchanged value does nothing but count
+        as an update (``stats()['remote_updates']``). Raises :class:`WorldError` if the NPC is
+        unknown or not remote, if ``key`` is not a non-empty string or is one of the world's
+        own input keys (:data:`WORLD_KEYS`), or if the blackboard refuses the value's type.
+        """
+        where = f"apply_remote_state({npc_id!r}, {key!r})"
+        npc = self._npc(where, npc_id)
+        if not npc.remote:
+            raise WorldError(f"{where}: NPC {npc_id!r} is local (its tree ticks here); "
+                             "call set_remote first or create the world with mode='client'")
+        if not isinstance(key, str) or not key:
+            raise WorldError(f"{where}: key must be a non-empty string")
+        if key in WORLD_KEYS:
+            raise WorldError(f"{where}: {key!r} is written by this world from its players and "
+                             "context; it cannot be applied from a server")
+        try:
+            npc.blackboard.set(key, value)
+        except BlackboardTypeError as exc:  # the key's type was fixed by an earlier value
+            raise WorldError(f"{where}: {exc}") from exc
+        npc.remote_updates += 1
+        self.counters["remote_updates"] += 1
+
+    def _progress(self, npc: NPC) -> int:
+        """What a queued request waits to see advance: tree ticks, or remote updates."""
+        return npc.remote_updates if npc.remote else npc.tree.tick_count
 
     def _npc(self, where: str, npc_id: Any) -> NPC:
         try:
@@ -513,7 +610,7 @@ class World:
         if request_id is None:
             self._next_request += 1
             request_id = self._next_request
-        tick0 = -1 if regenerated else npc.tree.tick_count
+        tick0 = -1 if regenerated else self._progress(npc)
         return _Request(request_id, npc, player, intent, kind, regenerated, tick0, self.time)
 
     # ------------------------------------------------------------------ callbacks
@@ -637,7 +734,7 @@ class World:
             bb.set("last_intent", "")
 
     def _approach(self, npc: NPC, player: Player) -> None:
-        if npc.cooldown_until > self.time:
+        if not self.approach_barks or npc.cooldown_until > self.time:
             return
         if any(f.request.npc is npc and not f.stale for f in self._flights):
             return
@@ -722,7 +819,8 @@ class World:
                 self._drop(req, "out_of_range")
                 continue
             if (self._active() >= self.max_in_flight or (
-                    not force and npc.tree.tick_count == req.tick0 and not npc.tree.asleep
+                    not force and self._progress(npc) == req.tick0
+                    and (npc.remote or not npc.tree.asleep)
                     and self.time - req.queued_at < 2.0 / npc.rate_hz - 1e-9)):
                 waiting.append(req)
                 continue
@@ -828,7 +926,7 @@ class World:
         if key in WORLD_KEYS or key.startswith("_"):
             return
         self.counters["state_changes"] += 1
-        self._events.append(StateChanged(npc.id, key, old, new, self.time))
+        self._events.append(StateChanged(npc.id, key, old, new, self.time, npc.remote))
         if key != self.state_key or self._model_state(old) == self._model_state(new):
             return
         npc.state_version += 1
@@ -866,6 +964,7 @@ class World:
         return {
             **self.counters,
             "npcs": len(self.npcs), "players": len(self.players), "time": self.time,
+            "remote_npcs": sum(1 for n in self.npcs.values() if n.remote),
             "frame": self.frame, "in_flight": self._active(), "queued": len(self._queue),
             "tree_ticks": self.scheduler.ticks, "trees_sleeping": self.scheduler.sleeping,
             "latency_ms_p50": pct(50), "latency_ms_p99": pct(99),

@@ -315,6 +315,36 @@ class LineGenerator:
         gen.load_ms = (time.perf_counter() - t0) * 1e3
         return gen
 
+    @classmethod
+    def fallback_only(cls, path: str | Path | None = None, **options: Any) -> LineGenerator:
+        """A generator that loads no model: every line is an authored fallback (reason
+        ``model_unavailable``), and no model math runs — for a server that runs NPC trees but
+        leaves lines to its clients, or tools that need the catalog only.
+
+        The catalog, fallback lines, banned words and slot rules come from ``path`` as with
+        :meth:`load` (default: the shipped ``runtime/assets/flash/``; a mobile bundle works
+        too), so the generator accepts exactly the requests a loaded one would. Unlike
+        ``load(on_error="fallback")``, which serves fallbacks only when the model fails to
+        load, this never reads the graph. Raises :class:`ModelLoadError` if ``path`` does not
+        exist or its fallback lines are unreadable. Keyword options go to
+        :class:`LineGenerator`.
+        """
+        t0 = time.perf_counter()
+        root, _ = _resolve_bundle(Path(path) if path is not None else DEFAULT_MODEL_DIR, "model.int4.onnx")
+        if not root.is_dir():
+            raise ModelLoadError(f"{root}: not a model directory or bundle")
+        banned, rules = read_constraints(root)
+        fb_path = root / "fallbacks.json"
+        try:
+            fallbacks = FallbackBook.from_json(fb_path) if fb_path.is_file() else FallbackBook.from_line_book()
+        except ValueError as exc:
+            raise ModelLoadError(str(exc)) from exc
+        options.setdefault("name", root.name or "flash")
+        gen = cls(None, catalog=_read_catalog(root, None), fallbacks=fallbacks, banned_words=banned,
+                  slot_rules=rules, **options)
+        gen.load_ms = (time.perf_counter() - t0) * 1e3
+        return gen
+
     def _fingerprint(self) -> str:
         assert self.model is not None
         return f"{id(self.model.session):x}"

@@ -1,9 +1,11 @@
 """Serve a :class:`plugin.World` with the sync server (the ``SyncWorld`` adapter).
 
-The server-side world runs NPC trees only: it is built around a fallback-only
-:class:`runtime.LineGenerator` (no model is loaded, no model math runs; the world's
-approach barks resolve to authored fallbacks and are discarded), because lines are
-generated client-side.
+The server-side world runs NPC trees only, because lines are generated client-side
+(:class:`server_sync.plugin_client.WorldMirror`): :func:`village_world` builds it on
+:meth:`runtime.LineGenerator.fallback_only` (no model is loaded, no model math runs) with
+approach barks off (``World(approach_barks=False)``), so players walking around request no
+lines. A ``talk`` intent still goes through :meth:`plugin.World.talk`, so the NPC's tree
+sees ``last_intent``; its reply is an authored fallback nobody receives.
 
 Synced keys: by default every key the world reports as :class:`plugin.StateChanged`
 (tree-written, non-private, not one of the world's own input keys) whose value is a
@@ -18,17 +20,9 @@ from typing import Any
 
 from .world import NpcMoveObserver, Pos, StateObserver
 
-__all__ = ["PluginWorld", "fallback_generator", "village_world"]
+__all__ = ["PluginWorld", "village_world"]
 
 _SCALARS = (str, int, float, bool, type(None))
-
-
-def fallback_generator() -> Any:
-    """A LineGenerator that loads no model (authored fallback lines only)."""
-    from runtime.generator import DEFAULT_MODEL_DIR, FallbackBook, LineGenerator, _read_catalog
-
-    return LineGenerator(None, catalog=_read_catalog(DEFAULT_MODEL_DIR, None),
-                         fallbacks=FallbackBook.from_line_book())
 
 
 class PluginWorld:
@@ -138,13 +132,14 @@ class PluginWorld:
 
 
 def village_world(path: str | Path | None = None, npcs: int = 10, *, seed: int = 0) -> PluginWorld:
-    """The example village (plugin.village) on a server: trees only, no model."""
+    """The example village (plugin.village) on a server: trees only, no model, no barks."""
     from plugin.village import VILLAGE_DIR, build_village
     from plugin.world import World
+    from runtime.generator import LineGenerator
 
     if path is not None and Path(path).resolve() != VILLAGE_DIR.resolve():
         raise ValueError(f"--world {path}: only the example village ({VILLAGE_DIR}) can be "
                          "served from a directory for now; use sim:NPCS for a generated world")
-    world = World(fallback_generator(), seed=seed)
+    world = World(LineGenerator.fallback_only(), seed=seed, approach_barks=False)
     build_village(world, npcs)
     return PluginWorld(world)

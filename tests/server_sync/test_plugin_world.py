@@ -2,12 +2,15 @@
 
 import asyncio
 
+import pytest
+
 from plugin.events import StateChanged
 from plugin.village import build_village
 from plugin.world import World
+from runtime.generator import LineGenerator, ModelLoadError
 from server_sync import Client, ServerConfig, SyncServer
 from server_sync.plugin_client import WorldMirror
-from server_sync.plugin_world import fallback_generator, village_world
+from server_sync.plugin_world import village_world
 
 from .conftest import SECRET, token, until
 
@@ -16,37 +19,59 @@ def test_a_served_village_syncs_tree_state_without_generating_lines():
     served = village_world("examples/village", 4)
     seen = []
     served.observe(lambda *change: seen.append(change), lambda *move: None)
-    served.set_player("p1", (8.0, 0.0))
+    served.set_player("p1", served.npc_position("bram"))  # right next to an NPC
     for _ in range(50):
         served.step(0.1)
     assert seen and all(isinstance(v, (str, int, float, bool, type(None))) for *_, v in seen)
     assert served.npc_state("bram")["state"] == served.world.npcs["bram"].blackboard.get("state")
     assert served.world.generator.model is None  # fallback-only: no model on the server
+    assert served.world.stats()["requests"] == 0  # barks off: nobody asked for a line
     saved = served.save()
     other = village_world("examples/village", 4)
     other.load(saved)
     assert other.npc_state("bram") == served.npc_state("bram")
 
 
+def test_a_fallback_only_generator_knows_the_shipped_catalog_and_loads_no_model():
+    gen = LineGenerator.fallback_only()
+    shipped = LineGenerator.load(warmup=False)
+    try:
+        assert gen.model is None
+        assert gen.catalog() == shipped.catalog()
+        line = gen.generate("guard", "alert", intent="greet", seed=3)
+        assert line.fallback and line.fallback_reason == "model_unavailable" and line.text
+    finally:
+        shipped.close()
+        gen.close()
+
+
+def test_a_fallback_only_generator_names_a_missing_model_directory(tmp_path):
+    with pytest.raises(ModelLoadError, match="no-such-dir"):
+        LineGenerator.fallback_only(tmp_path / "no-such-dir")
+
+
 async def test_a_client_mode_world_mirrors_server_state_into_its_own_npcs():
     server = SyncServer(village_world("examples/village", 4),
                         ServerConfig(secret=SECRET, port=0, http_port=None, radius=50.0))
     await server.start()
-    local = World(fallback_generator(), seed=0)
+    local = World(LineGenerator.fallback_only(), seed=0)
     build_village(local, 4)
     client = Client(f"ws://127.0.0.1:{server.port}", token("p1"), position=(8.0, 0.0))
     mirror = WorldMirror(client, local)
     task = asyncio.create_task(client.run())
     try:
         await asyncio.wait_for(client.synced.wait(), 10)
-        assert len(local.scheduler) == 0  # local trees do not tick: the server's do
+        assert all(npc.remote for npc in local.npcs.values())  # the server's trees tick, not these
         server.core.world.apply_state("bram", "state", "alert")
         bb = local.npcs["bram"].blackboard
         await until(lambda: bb.get("state") == "alert", 5, "mirrored state")
         events = local.update(0.1)
         assert any(isinstance(e, StateChanged) and e.npc_id == "bram" and e.key == "state"
-                   and e.new == "alert" for e in events)
-        assert mirror.unknown_npcs == set()
+                   and e.new == "alert" and e.remote for e in events)
+        for _ in range(20):
+            local.update(0.1)
+        assert [npc.tree.tick_count for npc in local.npcs.values()] == [0] * 4
+        assert mirror.unknown_npcs == set() and mirror.rejected == 0
     finally:
         await client.close()
         await task
