@@ -6,6 +6,11 @@
 ``--world`` is ``examples/village`` (the default: plugin's example village, served with
 ``plugin.World``, trees only) or ``sim:NPCS[:CHANGES_PER_S[:SIZE]]``, the seeded load-test
 village of :func:`server_sync.world.sim_world`.
+
+``--dialogue`` also serves NPC dialogue (:class:`server_sync.dialogue_server.DialogueServer`
+over the model in ``--model-dir``, default the shipped one) on its own WebSocket port
+``--dialogue-port`` (default 8767) with /health and /metrics on ``--dialogue-http-port``
+(default 8768); ``--device cpu|cuda`` and ``--max-batch N`` configure its batched engine.
 """
 
 from __future__ import annotations
@@ -51,7 +56,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print a token for PLAYER (signed with $FLASHNPC_SECRET) and exit")
     parser.add_argument("--ttl", type=float, default=3600.0, help="token lifetime (seconds)")
     parser.add_argument("--ready-file", default=None,
-                        help="write 'PORT HTTP_PORT' here once listening (for scripts)")
+                        help="write 'PORT HTTP_PORT' here once listening (for scripts; with "
+                             "--dialogue followed by 'DIALOGUE_PORT DIALOGUE_HTTP_PORT')")
+    parser.add_argument("--dialogue", action="store_true",
+                        help="also serve NPC dialogue over WebSockets (see docs/protocol.md)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="device of the dialogue model (with --dialogue)")
+    parser.add_argument("--max-batch", type=int, default=256,
+                        help="dialogue engine batch size (with --dialogue)")
+    parser.add_argument("--model-dir", default=None,
+                        help="exported model for --dialogue (default: the shipped model)")
+    parser.add_argument("--dialogue-port", type=int, default=8767,
+                        help="dialogue WebSocket port (with --dialogue)")
+    parser.add_argument("--dialogue-http-port", type=int, default=8768,
+                        help="dialogue /health and /metrics port (with --dialogue; -1: none)")
 
 
 def build_world(spec: str | None, *, npcs: int = 10, seed: int = 0) -> Any:
@@ -86,12 +104,20 @@ async def _serve(args: argparse.Namespace, secret: bytes) -> None:
         snapshot_every_s=args.snapshot_every,
         admin_token=os.environ.get(ADMIN_TOKEN_ENV) or None)
     server = SyncServer(world, config, store)
+    dialogue = _dialogue_server(args, secret) if args.dialogue else None
     await server.start()
     print(f"flashnpc serve: ws://{args.host}:{server.port}  http://{args.host}:{server.http_port}"
           f"  epoch {server.core.epoch}", flush=True)
+    ready = f"{server.port} {server.http_port}"
+    if dialogue is not None:
+        await dialogue.start()
+        print(f"flashnpc serve: dialogue ws://{args.host}:{dialogue.port}  "
+              f"http://{args.host}:{dialogue.http_port}  ({args.device}, max batch "
+              f"{args.max_batch})", flush=True)
+        ready += f" {dialogue.port} {dialogue.http_port}"
     if args.ready_file:
         with open(args.ready_file + ".tmp", "w") as f:
-            f.write(f"{server.port} {server.http_port}\n")
+            f.write(ready + "\n")
         os.replace(args.ready_file + ".tmp", args.ready_file)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -99,7 +125,22 @@ async def _serve(args: argparse.Namespace, secret: bytes) -> None:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    if dialogue is not None:
+        await dialogue.stop()
     await server.stop()
+
+
+def _dialogue_server(args: argparse.Namespace, secret: bytes) -> Any:
+    from runtime.dialogue_service import DialogueService
+
+    from .dialogue_server import DialogueConfig, DialogueServer
+
+    service = DialogueService.load(args.model_dir, device=args.device, max_batch=args.max_batch)
+    return DialogueServer(service, DialogueConfig(
+        secret=secret, host=args.host, port=args.dialogue_port,
+        http_port=None if args.dialogue_http_port < 0 else args.dialogue_http_port,
+        max_frame=args.max_frame, rate_per_s=args.rate, rate_burst=2 * args.rate,
+        max_outbound_bytes=args.max_outbound))
 
 
 def run(args: argparse.Namespace) -> int:
