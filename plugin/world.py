@@ -18,6 +18,10 @@ an NPC's approach radius (:class:`plugin.spatial.SpatialHash`), sends line reque
 engine (:meth:`runtime.LineGenerator.submit`, or ``generate_stream`` in a worker thread when
 streaming) and returns the events that became ready. See docs/plugin.md for the blackboard
 keys, the stale-line policy and deterministic mode.
+
+In client mode (``World(mode="client")`` or :meth:`World.set_remote`) NPCs are remote: their
+trees never tick here and :meth:`World.apply_remote_state` writes their state as a server
+says, while proximity, lines and the stale-line policy run locally (docs/plugin.md).
 """
 
 from __future__ import annotations
@@ -446,16 +450,16 @@ class World:
             raise WorldError(f"{where}: remote must be a bool, got {remote!r}")
         if remote == npc.remote:
             return
-        npc.remote = remote
         if remote:
             self.scheduler.remove(npc.tree)
-            try:
+            try:  # still a local NPC here: what halt callbacks write is reported as local
                 npc.tree.halt()
             except Exception:  # a user halt callback; the tree is off the scheduler either way
                 log.exception("halting the tree of NPC %r (now remote) raised", npc_id)
         else:
             npc.last_tick = self.time
             self.scheduler.add(npc.tree, rate_hz=npc.rate_hz, start=self.time)
+        npc.remote = remote
         progress = self._progress(npc)
         for req in self._queue:  # queued requests now wait on the other kind of progress
             if req.npc is npc and req.tick0 != -1:
