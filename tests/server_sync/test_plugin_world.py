@@ -96,3 +96,19 @@ async def test_the_http_port_serves_the_plugin_inspector_next_to_health():
                 assert "flashnpc_sync_clients" in await r.text()
     finally:
         await server.stop()
+
+
+def test_the_mirror_skips_the_worlds_own_keys_and_counts_refused_values():
+    from server_sync.replica import Change
+
+    local = World(LineGenerator.fallback_only(), seed=0, mode="client")
+    build_village(local, 2)
+    mirror = WorldMirror(Client("ws://127.0.0.1:9", token("p1")), local)
+    mirror.apply(Change("set", "bram", "player_near", False, True))  # the client's own input
+    mirror.apply(Change("set", "bram", "mood", None, "grim"))
+    mirror.apply(Change("set", "bram", "mood", "grim", 7))  # the key holds str: refused, logged
+    mirror.apply(Change("set", "ghost", "state", None, "idle"))
+    bb = local.npcs["bram"].blackboard
+    assert bb.get("player_near") is False and bb.get("mood") == "grim"
+    assert (mirror.skipped_keys, mirror.rejected, mirror.unknown_npcs) == ({"player_near"}, 1, {"ghost"})
+    assert [(e.key, e.new) for e in local.update(0.1) if isinstance(e, StateChanged)] == [("mood", "grim")]
