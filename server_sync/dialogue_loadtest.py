@@ -250,7 +250,10 @@ def run_dialogue_loadtest(cfg: DialogueLoadConfig, *, log: Any = print) -> dict[
     tmp = Path(tempfile.mkdtemp(prefix="flashnpc_dialogue_loadtest_"))
     secret = secrets.token_hex(16).encode()
     ready = tmp / "ready"
-    env = dict(os.environ, FLASHNPC_SECRET=secret.decode())
+    # the server runs this checkout's code, whatever the installed package points at
+    root = str(Path(__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, FLASHNPC_SECRET=secret.decode(), PYTHONPATH=path)
     cmd = [sys.executable, "-m", "plugin.cli", "serve", "--host", "127.0.0.1", "--port", "0",
            "--http-port", "-1", "--world", "sim:1", "--tick-hz", "1", "--dialogue",
            "--device", cfg.device, "--max-batch", str(cfg.max_batch), "--dialogue-port", "0",
