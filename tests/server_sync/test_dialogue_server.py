@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import urllib.request
 from typing import Any
 
@@ -263,3 +264,26 @@ async def test_two_hundred_sessions_on_twenty_connections_all_get_lines_and_clos
     assert len(lines) == n_conns * per_conn
     assert len({x["session"] for x in lines}) == n_conns * per_conn
     await until(lambda: server.service.num_sessions == 0, what="sessions closed on leave")
+
+
+async def test_a_client_that_does_not_read_is_dropped_as_slow_not_buffered_forever(loaded):
+    cfg = DialogueConfig(secret=SECRET, port=0, http_port=None, max_outbound_bytes=8 * 1024,
+                         rate_per_s=1000, rate_burst=1000)
+    async with DialogueServer(make_service(loaded), cfg) as srv:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", srv.port))
+        async with connect(f"ws://127.0.0.1:{srv.port}", sock=sock, max_queue=1,
+                           compression=None, close_timeout=1) as ws:
+            peer = Peer(ws)
+            await peer.send({"t": "hello", "v": 1, "token": token("slow")})
+            await until(lambda: len(srv.conns) == 1, what="slow client attached")
+            conn = next(iter(srv.conns))
+            conn.ws.transport.get_extra_info("socket").setsockopt(
+                socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+            sid = await open_session(peer, loaded, 1)
+            for rid in range(2, 400):  # each answer names every known state (~0.5 KB)
+                await peer.send({"t": "update_state", "rid": rid, "session": sid,
+                                 "state": "dancing"})
+            await until(lambda: not srv.conns, 20, what="slow client dropped")
+        assert srv.errors["slow_consumer"] == 1
