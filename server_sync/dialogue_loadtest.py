@@ -335,16 +335,24 @@ def _drive(cfg: DialogueLoadConfig, url: str, secret: bytes, server: subprocess.
     return records
 
 
-def _server_view(base: str) -> dict[str, Any]:
+def _server_view(base: str, settle_s: float = 5.0) -> dict[str, Any]:
+    """The server's /health once the clients have gone: the server closes a connection's
+    sessions when it sees the disconnect, which can land just after the workers exit, so read
+    again (up to ``settle_s``) until no session is left open."""
     import urllib.error
     import urllib.request
 
-    try:
-        with urllib.request.urlopen(base + "/health", timeout=10) as r:
-            health = json.loads(r.read())
-    except urllib.error.HTTPError as e:  # 503: degraded, the body says why
-        health = json.loads(e.read())
-    return {"health": health}
+    give_up = time.monotonic() + settle_s
+    while True:
+        try:
+            with urllib.request.urlopen(base + "/health", timeout=10) as r:
+                health = json.loads(r.read())
+        except urllib.error.HTTPError as e:  # 503: degraded, the body says why
+            health = json.loads(e.read())
+        open_sessions = health.get("service", {}).get("sessions", 0)
+        if not open_sessions or time.monotonic() >= give_up:
+            return {"health": health}
+        time.sleep(0.1)
 
 
 def _plot(records: list[tuple[Any, ...]], report: dict[str, Any], path: Path) -> None:
