@@ -30,6 +30,7 @@ from .protocol import (
     _only,
     _str,
     decode,
+    validate_message,
 )
 
 __all__ = [
@@ -212,23 +213,14 @@ _SERVER = {"welcome": _validate_welcome, "session": _validate_session, "piece": 
            "error": _validate_error, "bye": _validate_bye}
 
 
-def _validate(m: dict[str, Any], table: dict[str, Any], direction: str) -> dict[str, Any]:
-    t = m.get("t")
-    check = table.get(t) if isinstance(t, str) else None
-    if check is None:
-        raise _bad("message", f"'t' must be one of {sorted(table)} ({direction}), got {t!r:.40}")
-    check(m)
-    return m
-
-
 def validate_dialogue_client(message: dict[str, Any]) -> dict[str, Any]:
     """Check a client -> server dialogue message against the schema; return it unchanged."""
-    return _validate(message, _CLIENT, "dialogue client to server")
+    return validate_message(message, _CLIENT, "dialogue client to server")
 
 
 def validate_dialogue_server(message: dict[str, Any]) -> dict[str, Any]:
     """Check a server -> client dialogue message against the schema; return it unchanged."""
-    return _validate(message, _SERVER, "dialogue server to client")
+    return validate_message(message, _SERVER, "dialogue server to client")
 
 
 def decode_dialogue_client(frame: bytes | str) -> tuple[dict[str, Any], Codec]:

@@ -259,7 +259,9 @@ _SERVER = {"snapshot": _validate_snapshot, "delta": _validate_delta, "ack": _val
            "error": _validate_error, "bye": _validate_bye}
 
 
-def _validate(m: dict[str, Any], table: dict[str, Any], direction: str) -> dict[str, Any]:
+def validate_message(m: dict[str, Any], table: dict[str, Any], direction: str) -> dict[str, Any]:
+    """Check ``m`` with the validator ``table`` holds for its type ``t`` (ProtocolError if the
+    type is unknown for ``direction`` or a field is bad); return it unchanged."""
     t = m.get("t")
     check = table.get(t) if isinstance(t, str) else None
     if check is None:
@@ -270,12 +272,12 @@ def _validate(m: dict[str, Any], table: dict[str, Any], direction: str) -> dict[
 
 def validate_client(message: dict[str, Any]) -> dict[str, Any]:
     """Check a client -> server message against the schema; return it unchanged."""
-    return _validate(message, _CLIENT, "client to server")
+    return validate_message(message, _CLIENT, "client to server")
 
 
 def validate_server(message: dict[str, Any]) -> dict[str, Any]:
     """Check a server -> client message against the schema; return it unchanged."""
-    return _validate(message, _SERVER, "server to client")
+    return validate_message(message, _SERVER, "server to client")
 
 
 def decode_client(frame: bytes | str) -> tuple[dict[str, Any], Codec]:
