@@ -40,7 +40,7 @@ from runtime.dialogue_service import Busy, DialogueLine, DialogueService, Sessio
 from .auth import verify_token
 from .dialogue_protocol import DIALOGUE_PROTOCOL_VERSION, decode_dialogue_client
 from .protocol import Codec, ProtocolError, encode
-from .server import _Bucket
+from .server import _Bucket, close_soon, refuse
 
 __all__ = ["DialogueConfig", "DialogueServer"]
 
@@ -153,24 +153,11 @@ class DialogueServer:
     def _kick(self, ws: ServerConnection, code: str, reason: str) -> None:
         self.errors[code] += 1
         self._closing.add(ws)
-
-        async def close() -> None:
-            try:
-                await asyncio.wait_for(ws.close(1008, f"{code}: {reason}"[:120]), 2.0)
-            except (asyncio.TimeoutError, ConnectionClosed):
-                if ws.transport is not None:
-                    ws.transport.abort()
-            finally:
-                self._closing.discard(ws)
-
-        asyncio.get_running_loop().create_task(close())
+        close_soon(ws, code, reason, self._closing)
 
     async def _refuse(self, ws: ServerConnection, err: ProtocolError, codec: Codec) -> None:
         self.errors[err.code] += 1
-        with contextlib.suppress(ConnectionClosed):
-            await ws.send(encode({"t": "error", "code": err.code, "reason": err.reason[:800]},
-                                 codec))
-            await ws.close(1008, f"{err.code}: {err.reason}"[:120])
+        await refuse(ws, err, codec)
 
     def _request_error(self, conn: _Conn, rid: int, code: str, reason: str) -> None:
         self.errors[code] += 1

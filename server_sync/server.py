@@ -35,9 +35,33 @@ from .persistence import Store
 from .protocol import PROTOCOL_VERSION, ProtocolError, decode_client, encode
 from .world import SyncWorld
 
-__all__ = ["ServerConfig", "SyncServer"]
+__all__ = ["ServerConfig", "SyncServer", "close_soon", "refuse"]
 
 log = logging.getLogger("flashnpc.server_sync")
+
+
+def close_soon(ws: ServerConnection, code: str, reason: str, closing: set[ServerConnection]) -> None:
+    """Close ``ws`` with policy code 1008 in the background; ``ws`` stays in ``closing`` until
+    it is gone. A client that does not read never completes the close handshake, so after 2 s
+    its transport is aborted."""
+
+    async def close() -> None:
+        try:
+            await asyncio.wait_for(ws.close(1008, f"{code}: {reason}"[:120]), 2.0)
+        except (asyncio.TimeoutError, ConnectionClosed):
+            if ws.transport is not None:
+                ws.transport.abort()
+        finally:
+            closing.discard(ws)
+
+    asyncio.get_running_loop().create_task(close())
+
+
+async def refuse(ws: ServerConnection, err: ProtocolError, codec: Any) -> None:
+    """Tell a client why it is refused (an ``error`` message), then close the connection."""
+    with contextlib.suppress(ConnectionClosed):
+        await ws.send(encode({"t": "error", "code": err.code, "reason": err.reason[:800]}, codec))
+        await ws.close(1008, f"{err.code}: {err.reason}"[:120])
 
 
 @dataclass
@@ -248,25 +272,12 @@ class SyncServer:
             broadcast((ws,), encode({"t": "error", "code": code, "reason": reason},
                                     self._codec_of(ws)))
 
-        async def close() -> None:
-            try:
-                # a client that does not read never completes the close handshake
-                await asyncio.wait_for(ws.close(1008, f"{code}: {reason}"[:120]), 2.0)
-            except (asyncio.TimeoutError, ConnectionClosed):
-                if ws.transport is not None:
-                    ws.transport.abort()
-            finally:
-                self._closing.discard(ws)
-
-        asyncio.get_running_loop().create_task(close())
+        close_soon(ws, code, reason, self._closing)
 
     # ---- connections ---------------------------------------------------------------------
     async def _refuse(self, ws: ServerConnection, err: ProtocolError, codec: Any) -> None:
         self.errors[err.code] += 1
-        with contextlib.suppress(ConnectionClosed):
-            await ws.send(encode({"t": "error", "code": err.code, "reason": err.reason[:800]},
-                                 codec))
-            await ws.close(1008, f"{err.code}: {err.reason}"[:120])
+        await refuse(ws, err, codec)
 
     async def _handler(self, ws: ServerConnection) -> None:
         c = self.config
