@@ -34,7 +34,7 @@ def build(n_npcs: int, n_players: int, side: float, seed: int,
     if model:
         gen = LineGenerator.load()  # the shipped model, decoding in the engine's worker thread
     else:
-        gen = LineGenerator.load("/nonexistent-model-dir", on_error="fallback")  # no model time
+        gen = LineGenerator.fallback_only()  # catalog, constraints and fallbacks; no model time
     world = World(gen, seed=seed, max_in_flight=16)
     rng = random.Random(seed)
     for r in residents(n_npcs):
