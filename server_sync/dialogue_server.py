@@ -40,7 +40,7 @@ from runtime.dialogue_service import Busy, DialogueLine, DialogueService, Sessio
 from .auth import verify_token
 from .dialogue_protocol import DIALOGUE_PROTOCOL_VERSION, decode_dialogue_client
 from .protocol import Codec, ProtocolError, encode
-from .server import _Bucket, close_soon, refuse
+from .server import RateBucket, close_soon, refuse
 
 __all__ = ["DialogueConfig", "DialogueServer"]
 
@@ -191,16 +191,10 @@ class DialogueServer:
         conn = _Conn(ws, player, codec)
         self.conns.add(conn)
         self._send(conn, {"t": "welcome", "v": DIALOGUE_PROTOCOL_VERSION, "player": player})
-        bucket = _Bucket(c.rate_burst, time.monotonic())
+        bucket = RateBucket(c.rate_per_s, c.rate_burst, time.monotonic())
         try:
             async for frame in ws:
-                now = time.monotonic()
-                bucket.tokens = min(c.rate_burst, bucket.tokens + (now - bucket.last) * c.rate_per_s)
-                bucket.last = now
-                if bucket.tokens < 1.0:
-                    raise ProtocolError("rate_limited", f"more than {c.rate_per_s:g} messages/s "
-                                                        f"(burst {c.rate_burst:g})")
-                bucket.tokens -= 1.0
+                bucket.take(time.monotonic())
                 msg, _ = decode_dialogue_client(frame)
                 self.messages[msg["t"]] += 1
                 if msg["t"] == "bye":

@@ -35,7 +35,7 @@ from .persistence import Store
 from .protocol import PROTOCOL_VERSION, ProtocolError, decode_client, encode
 from .world import SyncWorld
 
-__all__ = ["ServerConfig", "SyncServer", "close_soon", "refuse"]
+__all__ = ["RateBucket", "ServerConfig", "SyncServer", "close_soon", "refuse"]
 
 log = logging.getLogger("flashnpc.server_sync")
 
@@ -90,12 +90,25 @@ class ServerConfig:
     gc_sweep_every_s: float = 300.0
 
 
-class _Bucket:
-    __slots__ = ("last", "tokens")
+class RateBucket:
+    """Per-connection token bucket: ``rate_per_s`` messages per second, bursts of ``burst``."""
 
-    def __init__(self, burst: float, now: float) -> None:
+    __slots__ = ("burst", "last", "rate_per_s", "tokens")
+
+    def __init__(self, rate_per_s: float, burst: float, now: float) -> None:
+        self.rate_per_s = rate_per_s
+        self.burst = burst
         self.tokens = burst
         self.last = now
+
+    def take(self, now: float) -> None:
+        """Spend one token for a message received at ``now``; ProtocolError if none is left."""
+        self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate_per_s)
+        self.last = now
+        if self.tokens < 1.0:
+            raise ProtocolError("rate_limited", f"more than {self.rate_per_s:g} messages/s "
+                                                f"(burst {self.burst:g})")
+        self.tokens -= 1.0
 
 
 class SyncServer:
@@ -311,16 +324,10 @@ class SyncServer:
         ws.flashnpc_session = s  # type: ignore[attr-defined]
         self.conns[player] = ws
         self._flush(s)
-        bucket = _Bucket(c.rate_burst, time.monotonic())
+        bucket = RateBucket(c.rate_per_s, c.rate_burst, time.monotonic())
         try:
             async for frame in ws:
-                now = time.monotonic()
-                bucket.tokens = min(c.rate_burst, bucket.tokens + (now - bucket.last) * c.rate_per_s)
-                bucket.last = now
-                if bucket.tokens < 1.0:
-                    raise ProtocolError("rate_limited", f"more than {c.rate_per_s:g} messages/s "
-                                                        f"(burst {c.rate_burst:g})")
-                bucket.tokens -= 1.0
+                bucket.take(time.monotonic())
                 msg, _ = decode_client(frame)
                 if msg["t"] == "bye":
                     self.core.drop(s)
