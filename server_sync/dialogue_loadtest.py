@@ -243,7 +243,7 @@ def run_dialogue_loadtest(cfg: DialogueLoadConfig, *, log: Any = print) -> dict[
         raise ValueError(f"dialogue load test: need sessions >= 1, procs >= 1, rate > 0 and "
                          f"0 < duration <= {MAX_DURATION_S:g} (got {cfg.sessions}, {cfg.procs}, "
                          f"{cfg.rate}, {cfg.duration})")
-    from .loadtest import _cpu_seconds
+    from .loadtest import _cpu_seconds, wait_ready
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -262,13 +262,7 @@ def run_dialogue_loadtest(cfg: DialogueLoadConfig, *, log: Any = print) -> dict[
         cmd += ["--model-dir", cfg.model_dir]
     server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.time() + 120
-        while not ready.exists():
-            if server.poll() is not None or time.time() > deadline:
-                raise RuntimeError("server did not start: "
-                                   + server.stderr.read().decode()[-2000:])  # type: ignore[union-attr]
-            time.sleep(0.1)  # a child process: nothing to await on
-        _, _, port, http_port = ready.read_text().split()
+        _, _, port, http_port = wait_ready(server, ready, 120.0)
         cpu0 = _cpu_seconds(server.pid)
         records = _drive(cfg, f"ws://127.0.0.1:{port}", secret, server, log)
         cpu = _cpu_seconds(server.pid) - cpu0

@@ -250,6 +250,18 @@ def _cpu_seconds(pid: int) -> float:
         return float("nan")
 
 
+def wait_ready(server: subprocess.Popen[bytes], ready: Path, timeout_s: float) -> list[str]:
+    """Wait for a `flashnpc serve` child to write its ready file; return the file's fields
+    (the ports it bound). RuntimeError with the server's stderr if it exits or takes too long."""
+    deadline = time.time() + timeout_s
+    while not ready.exists():
+        if server.poll() is not None or time.time() > deadline:
+            raise RuntimeError("server did not start: "
+                               + server.stderr.read().decode()[-2000:])  # type: ignore[union-attr]
+        time.sleep(0.1)  # a child process: there is nothing to await on
+    return ready.read_text().split()
+
+
 def _pct(values: Any, q: float) -> float | None:
     import numpy as np
 
@@ -277,13 +289,7 @@ def run_loadtest(cfg: LoadConfig, *, log: Any = print) -> dict[str, Any]:
         cmd += ["--db", str(tmp / "world.sqlite")]
     server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.time() + 60
-        while not ready.exists():
-            if server.poll() is not None or time.time() > deadline:
-                raise RuntimeError("server did not start: "
-                                   + server.stderr.read().decode()[-2000:])  # type: ignore[union-attr]
-            time.sleep(0.1)
-        port, http_port = ready.read_text().split()
+        port, http_port = wait_ready(server, ready, 60.0)
         url = f"ws://127.0.0.1:{port}"
         admin_url = f"http://127.0.0.1:{http_port}/admin"
         return _drive(cfg, server, url, admin_url, admin, secret, tmp, out, log, np)
