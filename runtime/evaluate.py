@@ -83,11 +83,15 @@ class Sampler:
         tok = model.tokenizer
         self._control = [i for i in range(tok.vocab_size) if tok.is_control(i) and i != tok.eos_id]
         self._slot_ids = {s: tok.id_of(f"<slot:{s}>") for s in book.slots}
+        self._blocked: dict[tuple[str, str, str], np.ndarray] = {}
 
     def blocked_ids(self, archetype: str, state: str, intent: str) -> np.ndarray:
         """Control tokens a line may not contain: everything but ``eos`` and the allowed slots."""
-        allowed = {self._slot_ids[s] for s in self.book.allowed_slots(archetype, state, intent)}
-        return np.array([i for i in self._control if i not in allowed], dtype=np.int64)
+        key = (archetype, state, intent)
+        if key not in self._blocked:
+            allowed = {self._slot_ids[s] for s in self.book.allowed_slots(archetype, state, intent)}
+            self._blocked[key] = np.array([i for i in self._control if i not in allowed], dtype=np.int64)
+        return self._blocked[key]
 
     def sample(self, requests: Sequence[Request], seed: int) -> list[str]:
         tok = self.model.tokenizer
