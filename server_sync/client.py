@@ -23,11 +23,11 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from .protocol import PROTOCOL_VERSION, Codec, ProtocolError, decode_server, encode
 from .replica import Change, GapError, Replica
+from .ws_client import WsClientConnection, ws_connect
 
 __all__ = ["Client", "FatalServerError"]
 
@@ -49,7 +49,8 @@ class Client:
 
     ``token`` is a token string or a callable returning a fresh one (called per connect,
     so expiring tokens can be renewed). ``on_message(msg, nbytes)`` sees every decoded
-    server message (load tests measure with it).
+    server message (load tests measure with it). Messages are handled synchronously as
+    they arrive (:mod:`server_sync.ws_client`), so callbacks must not block.
     """
 
     def __init__(self, url: str, token: str | Callable[[], str], *,
@@ -73,7 +74,7 @@ class Client:
         self.cseq = 0                  # last intent sequence number used
         self.acked = 0                 # highest intent seq the server acknowledged
         self._unacked: dict[int, dict[str, Any]] = {}
-        self._ws: ClientConnection | None = None
+        self._ws: WsClientConnection | None = None
         self._closing = False
         self._awaiting_snapshot = False
         self._got_snapshot = False
@@ -96,7 +97,7 @@ class Client:
         ws = self._ws
         if ws is not None:
             with contextlib.suppress(ConnectionClosed):
-                await ws.send(encode(msg, self.codec))
+                ws.send(encode(msg, self.codec))
 
     # ---- intents -------------------------------------------------------------------------
     async def send_intent(self, *, pos: tuple[float, float] | None = None,
@@ -146,8 +147,8 @@ class Client:
             await asyncio.sleep(delay)
 
     async def _session(self) -> None:
-        async with connect(self.url, open_timeout=self.open_timeout_s, compression=None,
-                           max_size=None, ping_interval=None, close_timeout=2) as ws:
+        ws = await ws_connect(self.url, self._on_frame, open_timeout_s=self.open_timeout_s)
+        try:
             hello: dict[str, Any] = {"t": "hello", "v": PROTOCOL_VERSION,
                                      "token": self._token_now()}
             resume = self.replica.resume_token()
@@ -155,18 +156,17 @@ class Client:
                 hello["resume"] = resume
             if self.position is not None:
                 hello["pos"] = [float(self.position[0]), float(self.position[1])]
-            await ws.send(encode(hello, self.codec))
+            ws.send(encode(hello, self.codec))
             # the server handles messages in order: these come after the hello is accepted
             for msg in list(self._unacked.values()):
-                await ws.send(encode(msg, self.codec))
+                ws.send(encode(msg, self.codec))
             self._ws = ws
             self.connects += 1
-            try:
-                async for frame in ws:
-                    self._on_frame(frame)
-            finally:
-                self._ws = None
-                self.synced.clear()
+            await ws.wait_closed()  # raises what _on_frame raised (FatalServerError)
+        finally:
+            ws.abort()
+            self._ws = None
+            self.synced.clear()
 
     def _on_frame(self, frame: bytes | str) -> None:
         self.frames_in += 1
@@ -217,9 +217,8 @@ class Client:
     async def drop_connection(self) -> None:
         """Close the socket without saying bye (the client will reconnect and resume);
         load tests use it to simulate a network drop."""
-        ws = self._ws
-        if ws is not None and ws.transport is not None:
-            ws.transport.abort()
+        if self._ws is not None:
+            self._ws.abort()
 
     async def close(self) -> None:
         """Say bye (the server forgets the session) and stop reconnecting."""
@@ -227,5 +226,7 @@ class Client:
         ws = self._ws
         if ws is not None:
             with contextlib.suppress(ConnectionClosed):
-                await ws.send(encode({"t": "bye"}, self.codec))
-                await ws.close()
+                ws.send(encode({"t": "bye"}, self.codec))
+                ws.close()
+            with contextlib.suppress(Exception):
+                await ws.wait_closed()

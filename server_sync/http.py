@@ -79,9 +79,7 @@ def _stats(server: SyncServer, clear_ticks: bool = False) -> dict[str, Any]:
             "duplicate_intents": core.duplicate_intents_total, "frames_out": server.frames_out,
             "bytes_out": server.bytes_out, "connections": server.connections_total,
             "errors": dict(server.errors), "frozen": core.frozen, "epoch": core.epoch,
-            "gc_full": {"n": len(server.gc_full_seconds),
-                        "total_ms": 1000.0 * sum(server.gc_full_seconds),
-                        "max_ms": 1000.0 * max(server.gc_full_seconds, default=0.0)}}
+            "gc_full": server.gc.stats()}
 
 
 def _mount_inspector(app: web.Application, server: SyncServer) -> None:

@@ -40,6 +40,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from . import aio
+from .gc_policy import GcPolicy
+
 __all__ = ["LoadConfig", "run_loadtest"]
 
 
@@ -66,6 +69,8 @@ class LoadConfig:
     settle_timeout: float = 30.0
     client_nice: int = 0     # niceness of the client worker processes (10: server first)
     profile_server: str | None = None  # write the server's cProfile stats here
+    loop: str = "auto"       # event loop of the server and the workers (server_sync.aio)
+    client_gc_freeze_s: float = 0.0  # workers' GcPolicy after the ramp (0: CPython's default)
 
 
 # ---- worker process ----------------------------------------------------------------------
@@ -82,8 +87,8 @@ def _worker_main(index: int, cfg: dict[str, Any], players: list[str], url: str, 
     if cfg["client_nice"]:
         os.nice(cfg["client_nice"])  # the load generator must not starve the server under test
     try:
-        asyncio.run(_worker(index, cfg, players, url, secret, q, go, stop_moving,
-                            verify_path, verify_go))
+        aio.run(_worker(index, cfg, players, url, secret, q, go, stop_moving,
+                        verify_path, verify_go), loop=cfg["loop"])
     except Exception as exc:
         q.put(("fatal", index, repr(exc)))
         raise
@@ -144,6 +149,8 @@ async def _worker(index: int, cfg: dict[str, Any], players: list[str], url: str,
         tasks.append(asyncio.create_task(runner(c)))
     await asyncio.wait_for(asyncio.gather(*(c.synced.wait() for c in clients)), timeout=120)
     q.put(("ramped", index, time.time()))
+    gc_policy = GcPolicy(cfg["client_gc_freeze_s"])
+    gc_policy.start()
     while not go.is_set():
         await asyncio.sleep(0.01)
 
@@ -206,9 +213,11 @@ async def _worker(index: int, cfg: dict[str, Any], players: list[str], url: str,
                                      "baseline_per_s": base * cfg["baseline_hz"],
                                      "moves": moves, "talks": talks}))
             stats["bytes"] = 0
+        gc_policy.step()
         await asyncio.sleep(0.02)
 
     cpu_run = time.process_time() - cpu_start
+    gc_policy.stop()
     wall_run = time.monotonic() - start
     # settle: wait until every intent is acknowledged
     deadline = time.monotonic() + cfg["settle_timeout"]
@@ -232,7 +241,7 @@ async def _worker(index: int, cfg: dict[str, Any], players: list[str], url: str,
         "reconnects": sum(max(0, c.connects - 1) for c in clients),
         "errors": [c.last_error[0] for c in clients if c.last_error] + fatal,
         "intents": sum(c.cseq for c in clients), "talks": talks,
-        "churned": n_churn, "cpu_util": cpu_run / wall_run,
+        "churned": n_churn, "cpu_util": cpu_run / wall_run, "gc_full": gc_policy.stats(),
     }
     for c in clients:
         await c.close()
@@ -284,7 +293,7 @@ def run_loadtest(cfg: LoadConfig, *, log: Any = print) -> dict[str, Any]:
     cmd = [sys.executable, *prefix, "-m", "plugin.cli", "serve", "--port", "0", "--http-port", "0",
            "--world", f"sim:{cfg.npcs}:{cfg.changes}:{cfg.size}", "--tick-hz", str(cfg.tick_hz),
            "--radius", str(cfg.radius), "--ready-file", str(ready), "--seed", str(cfg.seed),
-           "--grace", "60", "--ring", "128"]
+           "--grace", "60", "--ring", "128", "--loop", cfg.loop]
     if cfg.db:
         cmd += ["--db", str(tmp / "world.sqlite")]
     server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -420,7 +429,8 @@ def _drive(cfg: LoadConfig, server: subprocess.Popen[bytes], url: str, admin_url
     base_pc = (sum(r["baseline"] for r in full) / max(1, sum(r["connected"] for r in full)))
     report = {
         "config": asdict(cfg),
-        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
+        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
+                    "loop": aio.loop_name(cfg.loop)},
         "ramp_s": ramp_s,
         "connected_min": min((r["connected"] for _, r in rows), default=0),
         "connected_max": max((r["connected"] for _, r in rows), default=0),
@@ -456,6 +466,8 @@ def _drive(cfg: LoadConfig, server: subprocess.Popen[bytes], url: str, admin_url
         "server_cpu_us_per_frame_out": 1e6 * (cpu1 - cpu0)
         / max(1, s1["frames_out"] - s0["frames_out"]),
         "clients_cpu_util": sum(r["cpu_util"] for r in results),
+        "clients_gc_full": {"n": sum(r["gc_full"]["n"] for r in results),
+                            "max_ms": max(r["gc_full"]["max_ms"] for r in results)},
         "machine_load_avg_1m": os.getloadavg()[0],
         "timeline": [{"s": s, "connected": r["connected"],
                       "p50": _pct(np.concatenate(r["lat"]), 50) if r["lat"] else None,

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from . import aio
+
 __all__ = ["add_arguments", "run"]
 
 
@@ -39,6 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--client-nice", type=int, default=d.client_nice,
                         help="niceness of the client worker processes (0: same as the server)")
+    parser.add_argument("--loop", choices=aio.LOOPS, default="auto",
+                        help="event loop of the server and the clients (auto: uvloop if installed)")
+    parser.add_argument("--client-gc-freeze", type=float, default=d.client_gc_freeze_s,
+                        metavar="S", help="client workers freeze GC survivors every S seconds "
+                                          "(0: CPython's default collections)")
     parser.add_argument("--profile-server", default=None, metavar="FILE",
                         help="run the server under cProfile and write its stats to FILE")
     parser.add_argument("--out", default=None,
@@ -73,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
                      tick_hz=args.tick_hz, procs=args.procs, move_hz=args.move_hz,
                      connect_rate=args.connect_rate, codec=args.codec, db=not args.no_db,
                      seed=args.seed, out=args.out,
-                     client_nice=args.client_nice, profile_server=args.profile_server)
+                     client_nice=args.client_nice, profile_server=args.profile_server,
+                     loop=args.loop, client_gc_freeze_s=args.client_gc_freeze)
     report = run_loadtest(cfg)
     summary = {k: v for k, v in report.items() if k not in ("timeline", "config")}
     print(json.dumps(summary, indent=2))

@@ -24,6 +24,8 @@ import signal
 import sys
 from typing import Any
 
+from . import aio
+
 __all__ = ["add_arguments", "build_world", "run"]
 
 ADMIN_TOKEN_ENV = "FLASHNPC_ADMIN_TOKEN"
@@ -52,6 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--snapshot-every", type=float, default=60.0,
                         help="seconds between world snapshots in --db")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--loop", choices=aio.LOOPS, default="auto",
+                        help="event loop: uvloop where installed (auto), or force one")
     parser.add_argument("--issue-token", metavar="PLAYER", default=None,
                         help="print a token for PLAYER (signed with $FLASHNPC_SECRET) and exit")
     parser.add_argument("--ttl", type=float, default=3600.0, help="token lifetime (seconds)")
@@ -156,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     logging.basicConfig(level=logging.WARNING)
     try:
-        asyncio.run(_serve(args, secret))
+        aio.run(_serve(args, secret), loop=args.loop)
     except (ValueError, FileNotFoundError, OSError) as exc:
         print(f"flashnpc serve: {exc}", file=sys.stderr)
         return 1
