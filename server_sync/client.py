@@ -27,7 +27,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from .protocol import PROTOCOL_VERSION, Codec, ProtocolError, decode_server, encode
 from .replica import Change, GapError, Replica
-from .ws_client import WsClientConnection, ws_connect
+from .ws_io import WsClientConnection, ws_connect
 
 __all__ = ["Client", "FatalServerError"]
 
@@ -50,7 +50,7 @@ class Client:
     ``token`` is a token string or a callable returning a fresh one (called per connect,
     so expiring tokens can be renewed). ``on_message(msg, nbytes)`` sees every decoded
     server message (load tests measure with it). Messages are handled synchronously as
-    they arrive (:mod:`server_sync.ws_client`), so callbacks must not block.
+    they arrive (:mod:`server_sync.ws_io`), so callbacks must not block.
     """
 
     def __init__(self, url: str, token: str | Callable[[], str], *,

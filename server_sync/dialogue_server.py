@@ -40,11 +40,35 @@ from runtime.dialogue_service import Busy, DialogueLine, DialogueService, Sessio
 from .auth import verify_token
 from .dialogue_protocol import DIALOGUE_PROTOCOL_VERSION, decode_dialogue_client
 from .protocol import Codec, ProtocolError, encode
-from .server import RateBucket, close_soon, refuse
+from .server import RateBucket
 
 __all__ = ["DialogueConfig", "DialogueServer"]
 
 log = logging.getLogger("flashnpc.server_sync.dialogue")
+
+
+def close_soon(ws: ServerConnection, code: str, reason: str, closing: set[ServerConnection]) -> None:
+    """Close ``ws`` with policy code 1008 in the background; ``ws`` stays in ``closing`` until
+    it is gone. A client that does not read never completes the close handshake, so after 2 s
+    its transport is aborted."""
+
+    async def close() -> None:
+        try:
+            await asyncio.wait_for(ws.close(1008, f"{code}: {reason}"[:120]), 2.0)
+        except (asyncio.TimeoutError, ConnectionClosed):
+            if ws.transport is not None:
+                ws.transport.abort()
+        finally:
+            closing.discard(ws)
+
+    asyncio.get_running_loop().create_task(close())
+
+
+async def refuse(ws: ServerConnection, err: ProtocolError, codec: Any) -> None:
+    """Tell a client why it is refused (an ``error`` message), then close the connection."""
+    with contextlib.suppress(ConnectionClosed):
+        await ws.send(encode({"t": "error", "code": err.code, "reason": err.reason[:800]}, codec))
+        await ws.close(1008, f"{err.code}: {err.reason}"[:120])
 
 
 @dataclass

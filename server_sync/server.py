@@ -1,6 +1,8 @@
 """The asyncio layer: WebSocket game protocol plus an HTTP side port, over :class:`SyncCore`.
 
-Per connection: the first frame must be a ``hello`` with a valid token (within
+Connections run on :mod:`server_sync.ws_io` (websockets' sans-I/O server protocol under an
+asyncio.Protocol): every inbound message is handled synchronously as it arrives, with no
+task per connection. Per connection: the first frame must be a ``hello`` with a valid token (within
 ``hello_timeout_s``); every inbound frame is size-limited (``max_frame``, default 4 KiB,
 enforced by websockets with close code 1009), rate-limited (token bucket) and
 schema-validated; a violation gets an ``error`` frame and a close whose reason is the
@@ -25,10 +27,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any
 
-from websockets.asyncio.connection import broadcast
-from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
-from websockets.protocol import State
 
 from .auth import verify_token
 from .core import Session, SyncCore
@@ -36,8 +35,9 @@ from .gc_policy import GcPolicy
 from .persistence import Store
 from .protocol import PROTOCOL_VERSION, ProtocolError, decode_client, encode
 from .world import SyncWorld
+from .ws_io import WsServer, WsServerConnection, ws_serve
 
-__all__ = ["RateBucket", "ServerConfig", "SyncServer", "close_soon", "refuse", "ws_frame"]
+__all__ = ["RateBucket", "ServerConfig", "SyncServer", "ws_frame"]
 
 log = logging.getLogger("flashnpc.server_sync")
 
@@ -61,30 +61,6 @@ def ws_frame(message: bytes | str) -> bytes:
     if n < 65536:
         return struct.pack("!BBH", opcode, 126, n) + payload
     return struct.pack("!BBQ", opcode, 127, n) + payload
-
-
-def close_soon(ws: ServerConnection, code: str, reason: str, closing: set[ServerConnection]) -> None:
-    """Close ``ws`` with policy code 1008 in the background; ``ws`` stays in ``closing`` until
-    it is gone. A client that does not read never completes the close handshake, so after 2 s
-    its transport is aborted."""
-
-    async def close() -> None:
-        try:
-            await asyncio.wait_for(ws.close(1008, f"{code}: {reason}"[:120]), 2.0)
-        except (asyncio.TimeoutError, ConnectionClosed):
-            if ws.transport is not None:
-                ws.transport.abort()
-        finally:
-            closing.discard(ws)
-
-    asyncio.get_running_loop().create_task(close())
-
-
-async def refuse(ws: ServerConnection, err: ProtocolError, codec: Any) -> None:
-    """Tell a client why it is refused (an ``error`` message), then close the connection."""
-    with contextlib.suppress(ConnectionClosed):
-        await ws.send(encode({"t": "error", "code": err.code, "reason": err.reason[:800]}, codec))
-        await ws.close(1008, f"{err.code}: {err.reason}"[:120])
 
 
 @dataclass
@@ -141,7 +117,7 @@ class SyncServer:
                              grace_s=config.grace_s, store=store,
                              snapshot_every_s=config.snapshot_every_s)
         self.store = store
-        self.conns: dict[str, ServerConnection] = {}
+        self.conns: dict[str, WsServerConnection] = {}
         self.errors: Counter[str] = Counter()
         self.bytes_out = 0
         self.frames_out = 0
@@ -152,8 +128,7 @@ class SyncServer:
         self.tick_overruns = 0
         self.started_at = time.time()
         self.last_tick_error: tuple[float, str] | None = None
-        self._closing: set[ServerConnection] = set()
-        self._ws_server: Any = None
+        self._ws_server: WsServer | None = None
         self._http_runner: Any = None
         self._tick_task: asyncio.Task[None] | None = None
         self.port: int | None = None
@@ -162,11 +137,10 @@ class SyncServer:
     # ---- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
         c = self.config
-        self._ws_server = await serve(self._handler, c.host, c.port, max_size=c.max_frame,
-                                      compression=None, max_queue=64, ping_interval=20,
-                                      ping_timeout=20, close_timeout=2,
-                                      backlog=c.listen_backlog)
-        self.port = self._ws_server.sockets[0].getsockname()[1]
+        self._ws_server = await ws_serve(self, c.host, c.port, max_size=c.max_frame,
+                                         backlog=c.listen_backlog, close_timeout_s=2.0,
+                                         ping_interval_s=20.0, ping_timeout_s=20.0)
+        self.port = self._ws_server.port
         if c.http_port is not None:
             from .http import start_http
             self._http_runner, self.http_port = await start_http(self, c.host, c.http_port)
@@ -181,11 +155,10 @@ class SyncServer:
                 await self._tick_task
         if self._ws_server is not None:
             for ws in list(self.conns.values()):
-                with contextlib.suppress(Exception):
-                    await ws.send(encode({"t": "bye", "reason": "server_shutdown"},
-                                         self._codec_of(ws)))
-            self._ws_server.close()
-            await self._ws_server.wait_closed()
+                with contextlib.suppress(ConnectionClosed):
+                    ws.send(encode({"t": "bye", "reason": "server_shutdown"},
+                                   self._codec_of(ws)))
+            await self._ws_server.close()
         if self._http_runner is not None:
             await self._http_runner.cleanup()
         if self.store is not None:
@@ -198,9 +171,8 @@ class SyncServer:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    def _codec_of(self, ws: ServerConnection) -> Any:
-        s = getattr(ws, "flashnpc_session", None)
-        return s.codec if s is not None else "json"
+    def _codec_of(self, ws: WsServerConnection) -> Any:
+        return ws.state.codec
 
     # ---- health --------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
@@ -251,10 +223,10 @@ class SyncServer:
     def _flush(self, s: Session) -> None:
         ws = self.conns.get(s.player_id)
         frames, s.outbox = s.outbox, []
-        if ws is None or ws in self._closing:
+        if ws is None:
             return
         transport = ws.transport
-        if transport is None or ws.protocol.state is not State.OPEN:
+        if transport is None or not ws.open:
             return
         data = b"".join(ws_frame(f) for f in frames)
         transport.write(data)  # one write (one send syscall) per client per flush
@@ -265,77 +237,85 @@ class SyncServer:
             self._kick(ws, "slow_consumer", f"{backlog} bytes unsent (limit "
                                             f"{self.config.max_outbound_bytes})")
 
-    def _kick(self, ws: ServerConnection, code: str, reason: str, *,
+    def _kick(self, ws: WsServerConnection, code: str, reason: str, *,
               notify: bool = False) -> None:
-        """Disconnect without waiting for the close handshake (``notify``: send an
-        ``error`` frame first)."""
+        """Disconnect without waiting for the client (``notify``: send an ``error`` frame
+        first); the transport is aborted if the close handshake does not finish in 2 s."""
         self.errors[code] += 1
-        self._closing.add(ws)
-        if notify:
-            broadcast((ws,), encode({"t": "error", "code": code, "reason": reason},
-                                    self._codec_of(ws)))
+        if notify and ws.open:
+            ws.send(encode({"t": "error", "code": code, "reason": reason}, self._codec_of(ws)))
+        ws.close(1008, f"{code}: {reason}")
 
-        close_soon(ws, code, reason, self._closing)
+    def _refuse(self, ws: WsServerConnection, err: ProtocolError) -> None:
+        """Tell a client why it is refused (an ``error`` message), then close."""
+        self._kick(ws, err.code, err.reason[:800], notify=True)
 
-    # ---- connections ---------------------------------------------------------------------
-    async def _refuse(self, ws: ServerConnection, err: ProtocolError, codec: Any) -> None:
-        self.errors[err.code] += 1
-        await refuse(ws, err, codec)
-
-    async def _handler(self, ws: ServerConnection) -> None:
-        c = self.config
+    # ---- connections (server_sync.ws_io.ServerHandler) -----------------------------------
+    def on_open(self, ws: WsServerConnection) -> None:
         self.connections_total += 1
-        codec: Any = "json"
+        ws.state = _Conn(ws.loop.call_later(self.config.hello_timeout_s, self._hello_timeout, ws))
+
+    def _hello_timeout(self, ws: WsServerConnection) -> None:
+        if ws.state.session is None:
+            self._refuse(ws, ProtocolError("not_authenticated", "no hello within the timeout"))
+
+    def on_message(self, ws: WsServerConnection, frame: bytes | str) -> None:
+        conn: _Conn = ws.state
         try:
-            frame = await asyncio.wait_for(ws.recv(), c.hello_timeout_s)
-        except asyncio.TimeoutError:
-            await self._refuse(ws, ProtocolError("not_authenticated",
-                                                 "no hello within the timeout"), codec)
-            return
-        except ConnectionClosed as exc:
-            self._count_close(exc)
-            return
-        try:
-            msg, codec = decode_client(frame)
-            if msg["t"] != "hello":
-                raise ProtocolError("not_authenticated", f"first message must be hello, "
-                                                         f"got {msg['t']}")
-            player = verify_token(c.secret, msg["token"])
-            if msg["v"] != PROTOCOL_VERSION:  # refuse before touching a live connection
-                raise ProtocolError("unsupported_version", f"server speaks protocol "
-                                    f"{PROTOCOL_VERSION}, client {msg['v']}")
-            old = self.conns.pop(player, None)
-            if old is not None:  # often a dropped link the server has not noticed yet
-                self._kick(old, "replaced", "player connected again", notify=True)
-            s = self.core.hello(player, msg, codec)
+            s = conn.session
+            if s is None:
+                self._hello(ws, conn, frame)
+                return
+            conn.bucket.take(time.monotonic())
+            msg, _ = decode_client(frame)
+            if msg["t"] == "bye":
+                self.core.drop(s)
+                ws.close(1000, "bye")
+                return
+            self.core.receive(s, msg)
+            if s.outbox:
+                self._flush(s)
         except ProtocolError as err:
-            await self._refuse(ws, err, codec)
-            return
-        ws.flashnpc_session = s  # type: ignore[attr-defined]
+            self._refuse(ws, err)
+
+    def _hello(self, ws: WsServerConnection, conn: _Conn, frame: bytes | str) -> None:
+        msg, conn.codec = decode_client(frame)
+        if msg["t"] != "hello":
+            raise ProtocolError("not_authenticated", f"first message must be hello, "
+                                                     f"got {msg['t']}")
+        player = verify_token(self.config.secret, msg["token"])
+        if msg["v"] != PROTOCOL_VERSION:  # refuse before touching a live connection
+            raise ProtocolError("unsupported_version", f"server speaks protocol "
+                                f"{PROTOCOL_VERSION}, client {msg['v']}")
+        old = self.conns.pop(player, None)
+        if old is not None:  # often a dropped link the server has not noticed yet
+            self._kick(old, "replaced", "player connected again", notify=True)
+        s = self.core.hello(player, msg, conn.codec)
+        conn.session = s
+        conn.timer.cancel()
+        conn.bucket = RateBucket(self.config.rate_per_s, self.config.rate_burst,
+                                 time.monotonic())
         self.conns[player] = ws
         self._flush(s)
-        bucket = RateBucket(c.rate_per_s, c.rate_burst, time.monotonic())
-        try:
-            async for frame in ws:
-                bucket.take(time.monotonic())
-                msg, _ = decode_client(frame)
-                if msg["t"] == "bye":
-                    self.core.drop(s)
-                    await ws.close(1000, "bye")
-                    return
-                self.core.receive(s, msg)
-                if s.outbox:
-                    self._flush(s)
-        except ProtocolError as err:
-            await self._refuse(ws, err, codec)
-        except ConnectionClosed as exc:
-            self._count_close(exc)
-        finally:
-            if self.conns.get(player) is ws:
-                del self.conns[player]
-                if self.core.sessions.get(player) is s:
-                    self.core.detach(s, time.time())
 
-    def _count_close(self, exc: ConnectionClosed) -> None:
-        if exc.sent is not None and exc.sent.code == 1009:
+    def on_close(self, ws: WsServerConnection) -> None:
+        conn: _Conn = ws.state
+        conn.timer.cancel()
+        sent = ws.protocol.close_sent
+        if sent is not None and sent.code == 1009:
             self.errors["too_big"] += 1
+        s = conn.session
+        if s is not None and self.conns.get(s.player_id) is ws:
+            del self.conns[s.player_id]
+            if self.core.sessions.get(s.player_id) is s:
+                self.core.detach(s, time.time())
+
+
+@dataclass
+class _Conn:
+    """A connection's state on the server: before the hello only the timer is set."""
+
+    timer: asyncio.TimerHandle
+    codec: Any = "json"
+    session: Session | None = None
+    bucket: RateBucket | None = None  # type: ignore[assignment]

@@ -14,7 +14,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.http11 import Response
 
 from server_sync import aio
-from server_sync.ws_client import ws_connect
+from server_sync.ws_io import ws_connect
 
 LOOPS = [pytest.param("asyncio"),
          pytest.param("uvloop", marks=pytest.mark.skipif(aio.loop_name("auto") != "uvloop",
