@@ -390,10 +390,6 @@ class BatchedEngine:
         self.tokenizer = tokenizer
         if tokenizer.vocab_size != cfg.vocab_size:
             raise ValueError(f"tokenizer vocab {tokenizer.vocab_size} != model vocab {cfg.vocab_size}")
-        self.max_batch = max_batch
-        self.max_prefill_tokens = max_prefill_tokens or max(256, max_batch)
-        self.n_head, self.head_dim = cfg.n_head, cfg.n_embd // cfg.n_head
-        self.block_size = cfg.block_size
         dev = self.device
         self.wte = model.transformer.wte.weight.detach().to(device=dev, dtype=dtype)
         self.wpe = model.transformer.wpe.weight.detach().to(device=dev, dtype=dtype)
@@ -402,8 +398,31 @@ class BatchedEngine:
         self.lm_head = (fake_quant_int4(lm, cfg.quant_block) if cfg.qat else lm).to(device=dev, dtype=dtype)
         self.layers = [_Layer(b, cfg, dtype, dev) for b in model.transformer.h]
         self.n_moe = sum(1 for layer in self.layers if layer.moe is not None)
+        self._init_rows(max_batch, max_prefill_tokens, banned_words)
         self.kv = torch.zeros((cfg.n_layer, 2, max_batch, self.n_head, cfg.block_size, self.head_dim),
                               dtype=dtype, device=dev)
+        if block_cache is None and use_block_cache:
+            block_cache = BlockCache(block_tokens=block_tokens,
+                                     block_shape=(cfg.n_layer, self.n_head, self.head_dim), dtype=dtype,
+                                     device=dev, l1_blocks=16384 if dev.type == "cuda" else 4096,
+                                     l2_blocks=65536,
+                                     namespace=namespace or f"{id(model):x}:{dtype}")
+        self.block_cache = block_cache if use_block_cache else None
+        self.moe_impl = self._pick_moe(moe)
+        self.cuda_graphs = bool(cuda_graphs and dev.type == "cuda" and self.moe_impl == "grouped_mm")
+        if cuda_graphs and not self.cuda_graphs:
+            log.warning("CUDA graphs need a CUDA device and grouped experts; running eagerly")
+        self._graphs: dict[int, tuple[Callable[[], Any], Tensor, Tensor, Tensor]] = {}
+
+    def _init_rows(self, max_batch: int, max_prefill_tokens: int | None, banned_words: Sequence[str]) -> None:
+        """The per-row decoding state every engine shares (needs ``config``, ``tokenizer`` and
+        ``device`` set): sampling masks, slot arrays, the waiting queue."""
+        cfg, tokenizer, dev = self.config, self.tokenizer, self.device
+        self.max_batch = max_batch
+        self.max_prefill_tokens = max_prefill_tokens or max(256, max_batch)
+        self.n_head, self.head_dim = cfg.n_head, cfg.n_embd // cfg.n_head
+        self.block_size = cfg.block_size
+        self.block_cache: BlockCache | None = None
         self.banned = BannedWordMask(banned_words, tokenizer)
         self.banned.precompute()
         # banned-word states: ids, a lazily filled transition table [state, token] -> state (-1 =
@@ -435,18 +454,6 @@ class BatchedEngine:
                              self._state, self._lp, self._conf, self._next, self._pos, self._cb, self._toks,
                              self._times]
         self.eos = tokenizer.eos_id
-        if block_cache is None and use_block_cache:
-            block_cache = BlockCache(block_tokens=block_tokens,
-                                     block_shape=(cfg.n_layer, self.n_head, self.head_dim), dtype=dtype,
-                                     device=dev, l1_blocks=16384 if dev.type == "cuda" else 4096,
-                                     l2_blocks=65536,
-                                     namespace=namespace or f"{id(model):x}:{dtype}")
-        self.block_cache = block_cache if use_block_cache else None
-        self.moe_impl = self._pick_moe(moe)
-        self.cuda_graphs = bool(cuda_graphs and dev.type == "cuda" and self.moe_impl == "grouped_mm")
-        if cuda_graphs and not self.cuda_graphs:
-            log.warning("CUDA graphs need a CUDA device and grouped experts; running eagerly")
-        self._graphs: dict[int, tuple[Callable[[], Any], Tensor, Tensor, Tensor]] = {}
         self._waiting: deque[_Seq] = deque()
         self._lock = threading.Lock()
         self.rows: list[_Seq] = []
@@ -936,12 +943,22 @@ class BatchedEngine:
             order[holes] = movers
             dst = torch.as_tensor(holes, device=self.device)
             src = torch.as_tensor(movers, device=self.device)
-            t = int(self._pos[movers].max())  # positions beyond a row's length hold nothing it reads
-            self.kv[:, :, dst, :, :t] = self.kv[:, :, src, :, :t]
+            self._move_kv(holes, movers)
             self._extra_block[dst] = self._extra_block[src]
             for arr in self._slot_arrays:
                 arr[holes] = arr[movers]
+        self._keep_kv(order)
         self.rows = [self.rows[i] for i in order]
+
+    def _move_kv(self, holes: np.ndarray, movers: np.ndarray) -> None:
+        """Copy the keys/values of rows ``movers`` into slots ``holes`` (compaction)."""
+        dst = torch.as_tensor(holes, device=self.device)
+        src = torch.as_tensor(movers, device=self.device)
+        t = int(self._pos[movers].max())  # positions beyond a row's length hold nothing it reads
+        self.kv[:, :, dst, :, :t] = self.kv[:, :, src, :, :t]
+
+    def _keep_kv(self, order: np.ndarray) -> None:
+        """After compaction row ``i`` is old row ``order[i]`` (slots here need nothing more)."""
 
     def _result(self, i: int, finish: str, now: float) -> GenResult:
         """The result of running row ``i``."""

@@ -54,6 +54,7 @@ class DialogueLoadConfig:
     procs: int = 2
     device: str = "cpu"
     max_batch: int = 64
+    engine: str = "auto"        # the server's dialogue engine (serve --engine)
     model_dir: str | None = None
     deadline_ms: int = 1000
     max_tokens: int | None = None
@@ -256,7 +257,8 @@ def run_dialogue_loadtest(cfg: DialogueLoadConfig, *, log: Any = print) -> dict[
     env = dict(os.environ, FLASHNPC_SECRET=secret.decode(), PYTHONPATH=path)
     cmd = [sys.executable, "-m", "plugin.cli", "serve", "--host", "127.0.0.1", "--port", "0",
            "--http-port", "-1", "--world", "sim:1", "--tick-hz", "1", "--dialogue",
-           "--device", cfg.device, "--max-batch", str(cfg.max_batch), "--dialogue-port", "0",
+           "--device", cfg.device, "--max-batch", str(cfg.max_batch), "--engine", cfg.engine,
+           "--dialogue-port", "0",
            "--dialogue-http-port", "0", "--rate", "1000", "--ready-file", str(ready)]
     if cfg.model_dir:
         cmd += ["--model-dir", cfg.model_dir]

@@ -291,7 +291,7 @@ class DialogueServer:
             elif len(conn.inflight) >= self.config.max_inflight_per_conn:
                 self.busy_total += 1
                 self._send(conn, {"t": "busy", "rid": rid, "retry_after_ms":
-                                  self.service._retry_after_ms()})
+                                  self.service.retry_after_ms()})
             else:
                 task = asyncio.get_running_loop().create_task(self._line(conn, msg))
                 conn.inflight[rid] = task

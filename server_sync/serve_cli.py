@@ -68,6 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="device of the dialogue model (with --dialogue)")
     parser.add_argument("--max-batch", type=int, default=256,
                         help="dialogue engine batch size (with --dialogue)")
+    parser.add_argument("--engine", choices=["auto", "ort", "torch"], default="auto",
+                        help="dialogue engine: onnxruntime INT4 graph (ort, CPU), PyTorch (torch), "
+                             "or auto: ort on a CPU, torch on a GPU (with --dialogue)")
     parser.add_argument("--model-dir", default=None,
                         help="exported model for --dialogue (default: the shipped model)")
     parser.add_argument("--dialogue-port", type=int, default=8767,
@@ -139,7 +142,8 @@ def _dialogue_server(args: argparse.Namespace, secret: bytes) -> Any:
 
     from .dialogue_server import DialogueConfig, DialogueServer
 
-    service = DialogueService.load(args.model_dir, device=args.device, max_batch=args.max_batch)
+    service = DialogueService.load(args.model_dir, device=args.device, max_batch=args.max_batch,
+                                   engine=args.engine)
     return DialogueServer(service, DialogueConfig(
         secret=secret, host=args.host, port=args.dialogue_port,
         http_port=None if args.dialogue_http_port < 0 else args.dialogue_http_port,

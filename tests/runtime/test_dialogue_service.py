@@ -11,18 +11,27 @@ from runtime.batched_engine import BatchedEngine, load_flash
 from runtime.constraints import read_constraints
 from runtime.dialogue_service import Busy, CircuitBreaker, DialogueService, SessionNotFound
 from runtime.fallback import FallbackBook
+from runtime.onnx_model import FlashOnnx
+from runtime.ort_engine import OrtBatchedEngine
 
 
-@pytest.fixture(scope="module")
-def loaded(tiny_model_dir):
-    return load_flash(tiny_model_dir)
+@pytest.fixture(scope="module", params=["torch", "ort"])
+def loaded(request, tiny_model_dir):
+    """(model, tokenizer, root, engine kind): every test runs on both engines."""
+    model, tok, root = load_flash(tiny_model_dir)
+    return model, tok, root, request.param
 
 
 def service(loaded, *, max_batch: int = 32, solo: bool = True, **kw) -> DialogueService:
-    model, tok, root = loaded
+    model, tok, root, kind = loaded
     banned, rules = read_constraints(root)
-    eng = BatchedEngine(model, tok, max_batch=max_batch, banned_words=banned)
-    solo_eng = BatchedEngine(model, tok, max_batch=1, banned_words=banned, use_block_cache=False) if solo else None
+    if kind == "ort":
+        onnx = FlashOnnx.load(root)
+        eng: BatchedEngine = OrtBatchedEngine(onnx, max_batch=max_batch, banned_words=banned)
+        solo_eng: BatchedEngine | None = OrtBatchedEngine(onnx, max_batch=1, banned_words=banned) if solo else None
+    else:
+        eng = BatchedEngine(model, tok, max_batch=max_batch, banned_words=banned)
+        solo_eng = BatchedEngine(model, tok, max_batch=1, banned_words=banned, use_block_cache=False) if solo else None
     kw.setdefault("default_deadline_ms", 30_000)
     kw.setdefault("min_mean_logprob", None)  # the tiny model is random: keep its lines
     return DialogueService(eng, fallbacks=FallbackBook.from_json(root / "fallbacks.json"), catalog=tok.catalog,
@@ -157,8 +166,9 @@ async def test_metrics_use_flash_names_with_per_tier_cache_hits(loaded):
                      "flash_line_latency_seconds", "flash_generation_tokens_total", "flash_active_params_percent",
                      "flash_router_confidence", "flash_fallback_lines_total", "flash_breaker_state"):
             assert name in text, name
-        assert svc.metrics.value("flash_prefix_cache_hits_total", tier="l1") > 0
         assert 'tier="l3"' in text
+        if loaded[3] == "torch":  # the onnxruntime engine keeps no prefix block cache
+            assert svc.metrics.value("flash_prefix_cache_hits_total", tier="l1") > 0
 
 
 async def test_three_hundred_concurrent_sessions_all_get_lines(loaded):

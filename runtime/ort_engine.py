@@ -1,0 +1,174 @@
+"""Continuous batching over the shipped INT4 ONNX graph: the dialogue server's CPU engine.
+
+:class:`OrtBatchedEngine` is a :class:`runtime.batched_engine.BatchedEngine` (same requests,
+results, admission, sampling, banned-word masks and streaming; a request's tokens depend
+only on its seed) whose forward pass is one onnxruntime call of the shipped graph
+(``model.int4.onnx``: MatMulNBits attention, QMoE experts) instead of PyTorch eager.
+
+Why: on a CPU, PyTorch eager re-reads the dequantized float32 experts (40 MB) on every step
+and runs ~400 small operators, so a step costs ~7-9 ms even for 16 rows. The INT4 graph reads
+4-bit weights and fuses the experts: a step over 8 rows costs ~1.2 ms, over 64 rows ~10 ms
+(``bench/serve_bench.py`` prints both engines side by side).
+
+How the batch is kept: keys and values live in the graph's own layout, ``past`` arrays
+[B, n_head, P, head_dim] with **left padding** and an ``attention_mask`` [B, P]; row ``i`` is
+slot ``i``. A step runs the decoding rows (one token each, ``position_ids`` = each row's own
+length) and, in a second call, the newly admitted prompts (left-padded together); the two
+``present`` outputs are padded on the left to one length and stacked. Leading columns that
+no row attends to any more are cut off after every step, so ``P`` stays the longest live
+row's length instead of growing with the engine's uptime. No prefix block cache: a prompt is
+~10 tokens and its prefill is one call for all new rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from runtime.batched_engine import BatchedEngine, _Seq
+from runtime.model import FlashConfig
+from runtime.onnx_model import FlashOnnx
+
+__all__ = ["OrtBatchedEngine"]
+
+
+class OrtBatchedEngine(BatchedEngine):
+    """Continuous batching through onnxruntime; see the module docstring.
+
+    ``threads``: onnxruntime intra-op threads (1 suits a small shared machine; the service
+    sets the same for torch's sampling ops)."""
+
+    def __init__(self, model: FlashOnnx, *, max_batch: int = 64, max_prefill_tokens: int | None = None,
+                 banned_words: Sequence[str] = ()) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if model.tokenizer is None:
+            raise ValueError("the ONNX model has no tokenizer (load it with FlashOnnx.load)")
+        self.model = model
+        self.device = torch.device("cpu")
+        self.dtype = torch.float32
+        fields = FlashConfig.__dataclass_fields__
+        self.config = FlashConfig(**{k: v for k, v in model.config.items() if k in fields})
+        self.tokenizer = model.tokenizer
+        if self.tokenizer.vocab_size != self.config.vocab_size:
+            raise ValueError(f"tokenizer vocab {self.tokenizer.vocab_size} != model vocab "
+                             f"{self.config.vocab_size}")
+        self.n_moe = self.config.n_layer if self.config.n_expert > 1 else 0
+        self.moe_impl = "onnxruntime QMoE"
+        self.cuda_graphs = False
+        self._init_rows(max_batch, max_prefill_tokens, banned_words)
+        self.past: list[np.ndarray] = model.empty_past(0)
+        self.mask = np.zeros((0, 0), dtype=np.int64)
+        self._run_outputs = model._outputs
+        self.calls = 0
+
+    @classmethod
+    def load(cls, model_dir: str | Path | None = None, *, threads: int = 1,
+             **options: Any) -> OrtBatchedEngine:  # type: ignore[override]
+        """The shipped model (or ``model_dir``) with its banned words."""
+        from runtime.constraints import read_constraints
+        from runtime.paths import DEFAULT_MODEL_DIR
+
+        root = Path(model_dir) if model_dir is not None else DEFAULT_MODEL_DIR
+        banned, _ = read_constraints(root)
+        options.setdefault("banned_words", banned)
+        return cls(FlashOnnx.load(root, threads=threads), **options)
+
+    # ------------------------------------------------------------ forward
+
+    def _call(self, ids: np.ndarray, past: list[np.ndarray], mask: np.ndarray, pos: np.ndarray
+              ) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
+        """One graph call (no length check against ``block_size``: the padded length may pass
+        it while every row's own positions stay inside)."""
+        m = self.model
+        feeds = {"input_ids": ids, "position_ids": pos, "attention_mask": mask}
+        feeds.update(zip(m._past_names, past))
+        out = m.session.run(self._run_outputs, feeds)
+        self.calls += 1
+        return out[m._logits_at], [out[i] for i in m._present_at], out[m._router_at]
+
+    def _run(self, n_dec: int, new: list[_Seq]) -> tuple[Tensor, Tensor | None]:
+        logits: list[np.ndarray] = []
+        confs: list[np.ndarray] = []
+        groups: list[tuple[list[np.ndarray], np.ndarray]] = []
+        if n_dec:
+            mask = np.concatenate([self.mask, np.ones((n_dec, 1), np.int64)], axis=1)
+            pos = self._pos[:n_dec, None].copy()
+            lg, present, router = self._call(self._next[:n_dec, None].copy(), self.past, mask, pos)
+            logits.append(lg[:, -1])
+            confs.append(router.reshape(router.shape[0], n_dec, -1).max(axis=-1).mean(axis=0))
+            groups.append((present, mask))
+            self._pos[:n_dec] += 1
+        if new:
+            lens = [len(seq.req.ids) for seq in new]
+            t = max(lens)
+            ids = np.zeros((len(new), t), np.int64)
+            mask = np.zeros((len(new), t), np.int64)
+            pos = np.zeros((len(new), t), np.int64)
+            for j, (seq, n) in enumerate(zip(new, lens)):
+                ids[j, t - n:] = seq.req.ids
+                mask[j, t - n:] = 1
+                pos[j, t - n:] = np.arange(n)
+                self._pos[n_dec + j] = n
+            lg, present, router = self._call(ids, self.model.empty_past(len(new)), mask, pos)
+            logits.append(lg[:, -1])
+            last = router.reshape(router.shape[0], len(new), t, -1)[:, :, -1]
+            confs.append(last.max(axis=-1).mean(axis=0))
+            groups.append((present, mask))
+        self.past, self.mask = _stack_left_padded(groups)
+        self._trim()
+        lg_all = np.concatenate(logits) if len(logits) > 1 else logits[0]
+        conf = np.concatenate(confs) if len(confs) > 1 else confs[0]
+        return torch.from_numpy(np.ascontiguousarray(lg_all)), torch.from_numpy(conf.astype(np.float32))
+
+    def _trim(self) -> None:
+        """Drop leading columns that every row masks out."""
+        if not self.mask.size:
+            return
+        first = int(self.mask.argmax(axis=1).min())
+        if first > 0:
+            self.mask = self.mask[:, first:]
+            self.past = [np.ascontiguousarray(p[:, :, first:]) for p in self.past]
+
+    # ------------------------------------------------------------ bookkeeping
+
+    def _move_kv(self, holes: np.ndarray, movers: np.ndarray) -> None:
+        pass  # rows are re-gathered whole in _keep_kv
+
+    def _keep_kv(self, order: np.ndarray) -> None:
+        self.past = [p[order] for p in self.past]
+        self.mask = self.mask[order]
+        self._trim()
+
+    def fail_all(self) -> list[Any]:
+        out = super().fail_all()
+        self.past, self.mask = self.model.empty_past(0), np.zeros((0, 0), dtype=np.int64)
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {"device": "cpu", "dtype": "int4 weights (onnxruntime)", "moe": self.moe_impl,
+                "max_batch": self.max_batch, "block_cache": None, "cuda_graphs": False,
+                "threads": self.model.session.get_session_options().intra_op_num_threads}
+
+
+def _stack_left_padded(groups: list[tuple[list[np.ndarray], np.ndarray]]
+                       ) -> tuple[list[np.ndarray], np.ndarray]:
+    """Stack (present, mask) groups along the batch, left-padding each to the longest."""
+    if len(groups) == 1:
+        return groups[0]
+    length = max(mask.shape[1] for _, mask in groups)
+    pasts: list[list[np.ndarray]] = []
+    masks: list[np.ndarray] = []
+    for present, mask in groups:
+        pad = length - mask.shape[1]
+        if pad:
+            mask = np.pad(mask, ((0, 0), (pad, 0)))
+            present = [np.pad(p, ((0, 0), (0, 0), (pad, 0), (0, 0))) for p in present]
+        pasts.append(present)
+        masks.append(mask)
+    return [np.concatenate(layer) for layer in zip(*pasts)], np.concatenate(masks)
