@@ -10,6 +10,8 @@ count the same work for every peer.
 Peers:
   client     runtime.LineGenerator (onnxruntime, the shipped INT4 graph, one intra-op thread),
              one line after another: the engine a game client runs
+  ort        runtime.ort_engine.OrtBatchedEngine (on a CPU, unless ``--no-ort``): the same
+             closed loop through the shipped INT4 graph; the dialogue server's CPU engine
   batched    runtime.batched_engine.BatchedEngine on ``--device``, closed loop: ``C`` sessions
              always have a request in flight (a finished line is replaced by a new request at
              once, so requests join and leave the running batch continuously), for each ``C``
@@ -209,7 +211,8 @@ def correctness(model: Any, tok: Any, banned: list[str], device: str, dtype: str
 
 
 def service_load(model_dir: Path | None, checkpoint: Path | None, device: str, dtype: str, sessions: int,
-                 rate: float, seconds: float, tokens: int, max_batch: int, deadline_ms: float) -> dict[str, Any]:
+                 rate: float, seconds: float, tokens: int, max_batch: int, deadline_ms: float,
+                 engine: str = "auto") -> dict[str, Any]:
     """The dialogue service in process: ``sessions`` open sessions, line requests with Poisson
     arrivals at ``rate`` per second for ``seconds`` (one asyncio loop, engine in its thread)."""
     import asyncio
@@ -217,7 +220,7 @@ def service_load(model_dir: Path | None, checkpoint: Path | None, device: str, d
     from runtime.dialogue_service import Busy, DialogueService
 
     svc = DialogueService.load(model_dir, checkpoint=checkpoint, device=device, dtype=dtype, max_batch=max_batch,
-                               max_queue=4 * max_batch, default_deadline_ms=deadline_ms,
+                               engine=engine, max_queue=4 * max_batch, default_deadline_ms=deadline_ms,
                                latency_budget_ms=deadline_ms, max_tokens=tokens)
     cat = svc.catalog
     rng = np.random.default_rng(3)
@@ -259,7 +262,9 @@ def service_load(model_dir: Path | None, checkpoint: Path | None, device: str, d
             reasons[ln.fallback_reason or "?"] = reasons.get(ln.fallback_reason or "?", 0) + 1
     return {"sessions": sessions, "rate": rate, "seconds": dt, "lines": len(lines), "busy": busy[0],
             "lines_per_s": len(lines) / dt, "e2e_ms_p50": pct(e2e, 50), "e2e_ms_p99": pct(e2e, 99),
-            "fallbacks": reasons, "model_lines": sum(1 for ln in lines if not ln.fallback)}
+            "fallbacks": reasons, "model_lines": sum(1 for ln in lines if not ln.fallback),
+            "attempts_mean": float(np.mean([ln.attempts for ln in lines])) if lines else None,
+            "ttft_ms_p50": pct([ln.ttft_ms for ln in lines if ln.ttft_ms is not None], 50)}
 
 
 # --------------------------------------------------------------------------- main
@@ -285,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--graphs", action="store_true", help="also run the sweep with CUDA graphs")
     ap.add_argument("--moe", default="auto", choices=["auto", "loop", "grouped_mm"])
     ap.add_argument("--no-client", action="store_true")
+    ap.add_argument("--no-ort", action="store_true",
+                    help="on a CPU, skip the onnxruntime batched engine's sweep (runtime.ort_engine)")
+    ap.add_argument("--engine", default="auto", choices=["auto", "ort", "torch"],
+                    help="the --service run's engine (auto: onnxruntime on a CPU)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--service", type=float, nargs=3, metavar=("SESSIONS", "RATE", "SECONDS"), default=None,
                     help="also run the dialogue service in process: sessions, Poisson line rate, duration")
@@ -338,21 +347,15 @@ def main(argv: list[str] | None = None) -> int:
         report["client"] = client
 
     prompts = village_prompts(tok, 4096)
-    runs = []
-    modes = [False, True] if args.graphs and args.device.startswith("cuda") else [False]
-    for graphs in modes:
-        max_c = max(args.sweep)
-        try:
-            engine = BatchedEngine(model, tok, device=args.device, dtype=dtype, max_batch=max_c, banned_words=banned,
-                                   cuda_graphs=graphs, moe=args.moe, max_prefill_tokens=max(1024, max_c * 2))
-        except Exception as exc:
-            runs.append({"graphs": graphs, "error": f"{type(exc).__name__}: {exc}"})
-            continue
+    runs: list[dict[str, Any]] = []
+    max_c = max(args.sweep)
+
+    def sweep(engine: BatchedEngine) -> None:
         desc = engine.describe()
         for c in sorted(args.sweep):
             if args.budget_s and time.perf_counter() - t_start + args.seconds + 3 > args.budget_s:
-                runs.append({"concurrency": c, "graphs": graphs, "error": "skipped: time budget"})
-                print(f"  C={c} graphs={graphs}: skipped (time budget)", flush=True)
+                runs.append({"concurrency": c, "graphs": desc["cuda_graphs"], "error": "skipped: time budget"})
+                print(f"  C={c} {desc['moe']}: skipped (time budget)", flush=True)
                 continue
             engine.max_batch = c  # the KV slots were sized for the largest point
             try:
@@ -360,13 +363,28 @@ def main(argv: list[str] | None = None) -> int:
                     r = closed_loop(engine, prompts, c, args.seconds, args.tokens)
             except Exception as exc:
                 r = {"concurrency": c, "error": f"{type(exc).__name__}: {exc}"}
-                print(f"  C={c} graphs={graphs}: ERROR {r['error']}", flush=True)
+                print(f"  C={c} {desc['moe']}: ERROR {r['error']}", flush=True)
             r.update(graphs=desc["cuda_graphs"], moe=desc["moe"])
             runs.append(r)
             if "error" not in r:
                 print(f"  C={c:5d} graphs={int(desc['cuda_graphs'])} moe={desc['moe']}: {r['lines_per_s']:9.1f} lines/s "
                       f"{r['tokens_per_s']:10.0f} tok/s  p99 e2e {fmt(r['e2e_ms_p99'])} ms  "
                       f"({r['step_ms']:.2f} ms/step)", flush=True)
+
+    modes = [False, True] if args.graphs and args.device.startswith("cuda") else [False]
+    for graphs in modes:
+        try:
+            sweep(BatchedEngine(model, tok, device=args.device, dtype=dtype, max_batch=max_c, banned_words=banned,
+                                cuda_graphs=graphs, moe=args.moe, max_prefill_tokens=max(1024, max_c * 2)))
+        except Exception as exc:
+            runs.append({"graphs": graphs, "error": f"{type(exc).__name__}: {exc}"})
+    if args.device == "cpu" and not args.no_ort:
+        from runtime.onnx_model import FlashOnnx
+        from runtime.ort_engine import OrtBatchedEngine
+
+        onnx = FlashOnnx.load(args.model, threads=max(1, args.threads))
+        sweep(OrtBatchedEngine(onnx, max_batch=max_c, banned_words=banned,
+                               max_prefill_tokens=max(1024, max_c * 2)))
     report["batched"] = runs
 
     base = client.get("tokens_per_s") if client else None
@@ -392,10 +410,12 @@ def main(argv: list[str] | None = None) -> int:
         n_s, rate, secs = int(args.service[0]), args.service[1], args.service[2]
         try:
             sv = service_load(args.model, args.checkpoint, args.device, dtype, n_s, rate, secs, args.tokens,
-                              max(args.sweep), args.deadline_ms)
+                              max(args.sweep), args.deadline_ms, args.engine)
             print(f"service: {n_s} sessions, Poisson {rate:.0f} lines/s for {secs:.0f} s -> {sv['lines_per_s']:.0f} "
                   f"lines/s answered, e2e p50 {fmt(sv['e2e_ms_p50'])} / p99 {fmt(sv['e2e_ms_p99'])} ms, "
-                  f"{sv['model_lines']} model lines, fallbacks {sv['fallbacks']}, busy {sv['busy']}")
+                  f"ttft p50 {fmt(sv['ttft_ms_p50'])} ms, {sv['model_lines']} model lines "
+                  f"({fmt(sv['attempts_mean'], '.2f')} attempts each), fallbacks {sv['fallbacks']}, "
+                  f"busy {sv['busy']}")
         except Exception as exc:
             sv = {"error": f"{type(exc).__name__}: {exc}"}
             print(f"service: ERROR {sv['error']}")

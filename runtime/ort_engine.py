@@ -59,11 +59,13 @@ class OrtBatchedEngine(BatchedEngine):
             raise ValueError(f"tokenizer vocab {self.tokenizer.vocab_size} != model vocab "
                              f"{self.config.vocab_size}")
         self.n_moe = self.config.n_layer if self.config.n_expert > 1 else 0
-        self.moe_impl = "onnxruntime QMoE"
+        self.moe_impl = "ort-qmoe"
         self.cuda_graphs = False
         self._init_rows(max_batch, max_prefill_tokens, banned_words)
-        self.past: list[np.ndarray] = model.empty_past(0)
-        self.mask = np.zeros((0, 0), dtype=np.int64)
+        # the last step's outputs, stacked lazily (see _materialize); _order: compaction since
+        self._groups: list[tuple[list[np.ndarray], np.ndarray]] = [
+            (model.empty_past(0), np.zeros((0, 0), dtype=np.int64))]
+        self._order: np.ndarray | None = None
         self._run_outputs = model._outputs
         self.calls = 0
 
@@ -97,9 +99,10 @@ class OrtBatchedEngine(BatchedEngine):
         confs: list[np.ndarray] = []
         groups: list[tuple[list[np.ndarray], np.ndarray]] = []
         if n_dec:
-            mask = np.concatenate([self.mask, np.ones((n_dec, 1), np.int64)], axis=1)
+            past, mask = self._materialize()
+            mask = np.concatenate([mask, np.ones((n_dec, 1), np.int64)], axis=1)
             pos = self._pos[:n_dec, None].copy()
-            lg, present, router = self._call(self._next[:n_dec, None].copy(), self.past, mask, pos)
+            lg, present, router = self._call(self._next[:n_dec, None].copy(), past, mask, pos)
             logits.append(lg[:, -1])
             confs.append(router.reshape(router.shape[0], n_dec, -1).max(axis=-1).mean(axis=0))
             groups.append((present, mask))
@@ -120,55 +123,74 @@ class OrtBatchedEngine(BatchedEngine):
             last = router.reshape(router.shape[0], len(new), t, -1)[:, :, -1]
             confs.append(last.max(axis=-1).mean(axis=0))
             groups.append((present, mask))
-        self.past, self.mask = _stack_left_padded(groups)
-        self._trim()
+        self._groups = groups
+        self._order = None
         lg_all = np.concatenate(logits) if len(logits) > 1 else logits[0]
         conf = np.concatenate(confs) if len(confs) > 1 else confs[0]
         return torch.from_numpy(np.ascontiguousarray(lg_all)), torch.from_numpy(conf.astype(np.float32))
 
-    def _trim(self) -> None:
-        """Drop leading columns that every row masks out."""
-        if not self.mask.size:
-            return
-        first = int(self.mask.argmax(axis=1).min())
-        if first > 0:
-            self.mask = self.mask[:, first:]
-            self.past = [np.ascontiguousarray(p[:, :, first:]) for p in self.past]
+    def _materialize(self) -> tuple[list[np.ndarray], np.ndarray]:
+        """The running rows' past and mask as single arrays, built with one copy from the last
+        step's outputs: the decode and prefill groups stacked (left-padded to one length), the
+        rows compaction kept in their new order, and the leading columns no row attends to cut.
+        The last step's arrays are reused as they are when nothing needs changing."""
+        groups, order = self._groups, self._order
+        if len(groups) == 1 and order is None:
+            present, mask = groups[0]
+            if not mask.size or mask[:, 0].any():
+                return present, mask
+        # where every running row comes from: (group, row in group), after compaction
+        src = [(g, r) for g, (_, m) in enumerate(groups) for r in range(m.shape[0])]
+        if order is not None:
+            src = [src[i] for i in order]
+        n = len(src)
+        length = max(m.shape[1] for _, m in groups)
+        starts = np.array([length - groups[g][1].shape[1] + int(groups[g][1][r].argmax()) for g, r in src])
+        first = int(starts.min()) if n else 0
+        width = length - first
+        mask = np.zeros((n, width), np.int64)
+        h, d = self.n_head, self.head_dim
+        past = [np.zeros((n, h, width, d), np.float32) for _ in range(2 * self.config.n_layer)]
+        for g, (present, gmask) in enumerate(groups):
+            rows = [i for i, (gg, _) in enumerate(src) if gg == g]
+            if not rows:
+                continue
+            from_rows = np.array([src[i][1] for i in rows])
+            dst = np.array(rows)
+            off = length - gmask.shape[1] - first  # where this group's column 0 lands
+            lo = max(0, -off)  # group columns before the cut are dropped
+            mask[dst, off + lo:] = gmask[from_rows, lo:]
+            for out, p in zip(past, present):
+                out[dst, :, off + lo:] = p[from_rows, :, lo:]
+        self._groups, self._order = [(past, mask)], None
+        return past, mask
 
     # ------------------------------------------------------------ bookkeeping
 
     def _move_kv(self, holes: np.ndarray, movers: np.ndarray) -> None:
-        pass  # rows are re-gathered whole in _keep_kv
+        pass  # rows are re-gathered whole when the next step materializes them
 
     def _keep_kv(self, order: np.ndarray) -> None:
-        self.past = [p[order] for p in self.past]
-        self.mask = self.mask[order]
-        self._trim()
+        self._order = order if self._order is None else self._order[order]
 
     def fail_all(self) -> list[Any]:
         out = super().fail_all()
-        self.past, self.mask = self.model.empty_past(0), np.zeros((0, 0), dtype=np.int64)
+        self._groups = [(self.model.empty_past(0), np.zeros((0, 0), dtype=np.int64))]
+        self._order = None
         return out
+
+    @property
+    def past(self) -> list[np.ndarray]:
+        """The running rows' keys/values [B, n_head, P, head_dim] per layer (k, v), left-padded."""
+        return self._materialize()[0]
+
+    @property
+    def mask(self) -> np.ndarray:
+        """The running rows' attention mask [B, P] (0: padding)."""
+        return self._materialize()[1]
 
     def describe(self) -> dict[str, Any]:
         return {"device": "cpu", "dtype": "int4 weights (onnxruntime)", "moe": self.moe_impl,
                 "max_batch": self.max_batch, "block_cache": None, "cuda_graphs": False,
                 "threads": self.model.session.get_session_options().intra_op_num_threads}
 
-
-def _stack_left_padded(groups: list[tuple[list[np.ndarray], np.ndarray]]
-                       ) -> tuple[list[np.ndarray], np.ndarray]:
-    """Stack (present, mask) groups along the batch, left-padding each to the longest."""
-    if len(groups) == 1:
-        return groups[0]
-    length = max(mask.shape[1] for _, mask in groups)
-    pasts: list[list[np.ndarray]] = []
-    masks: list[np.ndarray] = []
-    for present, mask in groups:
-        pad = length - mask.shape[1]
-        if pad:
-            mask = np.pad(mask, ((0, 0), (pad, 0)))
-            present = [np.pad(p, ((0, 0), (0, 0), (pad, 0), (0, 0))) for p in present]
-        pasts.append(present)
-        masks.append(mask)
-    return [np.concatenate(layer) for layer in zip(*pasts)], np.concatenate(masks)

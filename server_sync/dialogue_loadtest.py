@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -70,9 +71,9 @@ class DialogueLoadConfig:
 
 
 def _worker_main(index: int, cfg: dict[str, Any], n_sessions: int, url: str, secret: bytes,
-                 catalog: dict[str, list[str]], start_at: float, q: Any) -> None:
+                 catalog: dict[str, list[str]], start: Any, q: Any) -> None:
     try:
-        records = asyncio.run(_worker(index, cfg, n_sessions, url, secret, catalog, start_at))
+        records = asyncio.run(_worker(index, cfg, n_sessions, url, secret, catalog, start, q))
         q.put(("done", index, records))
     except Exception as exc:
         q.put(("fatal", index, repr(exc)))
@@ -80,7 +81,9 @@ def _worker_main(index: int, cfg: dict[str, Any], n_sessions: int, url: str, sec
 
 
 async def _worker(index: int, cfg: dict[str, Any], n_sessions: int, url: str, secret: bytes,
-                  catalog: dict[str, list[str]], start_at: float) -> list[tuple[Any, ...]]:
+                  catalog: dict[str, list[str]], start: Any, q: Any) -> list[tuple[Any, ...]]:
+    """Open every session, report ``ready``, wait for the shared start time ``start.value``
+    (perf_counter, set once every worker is ready), then send the requests."""
     from websockets.asyncio.client import connect
 
     from .auth import issue_token
@@ -89,11 +92,40 @@ async def _worker(index: int, cfg: dict[str, Any], n_sessions: int, url: str, se
 
     rng = random.Random(cfg["seed"] * 1000 + index)
     per_session_rate = cfg["rate"] / cfg["sessions"]
-    stop_at = start_at + cfg["duration"]
     drain_s = cfg["deadline_ms"] / 1000.0 + 5.0
     records: list[tuple[Any, ...]] = []
+    opened_count = 0
+    started = asyncio.Event()
+
+    async def wait_start() -> None:
+        while start.value <= 0.0:
+            await asyncio.sleep(0.01)
+        started.set()
+
+    def one_opened() -> None:
+        nonlocal opened_count
+        opened_count += 1
+        if opened_count == n_sessions:
+            q.put(("ready", index, None))
+
+    start_task = asyncio.create_task(wait_start())
 
     async def session(k: int) -> None:
+        """One session; it counts as opened (or failed to) exactly once, so ``ready`` comes."""
+        counted = False
+
+        def opened_now() -> None:
+            nonlocal counted
+            counted = True
+            one_opened()
+
+        try:
+            await session_body(k, opened_now)
+        finally:
+            if not counted:
+                one_opened()
+
+    async def session_body(k: int, opened_now: Callable[[], None]) -> None:
         srng = random.Random(rng.randrange(1 << 30))
         async with connect(url, open_timeout=60, max_size=2**20) as ws:
             async def call(msg: dict[str, Any]) -> dict[str, Any]:
@@ -110,6 +142,10 @@ async def _worker(index: int, cfg: dict[str, Any], n_sessions: int, url: str, se
             if opened["t"] != "session":
                 raise RuntimeError(f"open_session refused: {opened}")
             sid = opened["session"]
+            opened_now()
+            await started.wait()
+            start_at = start.value
+            stop_at = start_at + cfg["duration"]
             open_reqs: dict[int, list[Any]] = {}
             sent_all = asyncio.Event()
 
@@ -161,6 +197,8 @@ async def _worker(index: int, cfg: dict[str, Any], n_sessions: int, url: str, se
 
     results = await asyncio.gather(*[session(k) for k in range(n_sessions)],
                                    return_exceptions=True)
+    start_task.cancel()
+    start_at = start.value
     failed = [r for r in results if isinstance(r, BaseException)]
     records.extend((start_at, None, None, f"error:{type(e).__name__}", 0, "", []) for e in failed)
     # times relative to the start, in seconds
@@ -294,19 +332,21 @@ def _drive(cfg: DialogueLoadConfig, url: str, secret: bytes, server: subprocess.
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     shares = [len(range(i, cfg.sessions, cfg.procs)) for i in range(cfg.procs)]
-    # perf_counter is CLOCK_MONOTONIC on Linux: shared by processes on one host
-    start_at = time.perf_counter() + 5.0 + cfg.sessions / 200.0
+    # the start time, set once every session is open; perf_counter is CLOCK_MONOTONIC on
+    # Linux, shared by processes on one host
+    start = ctx.Value("d", 0.0)
     catalog = _catalog(cfg.model_dir)
     procs = [ctx.Process(target=_worker_main, args=(i, asdict(cfg), shares[i], url, secret,
-                                                    catalog, start_at, q), daemon=True)
+                                                    catalog, start, q), daemon=True)
              for i in range(cfg.procs) if shares[i]]
     for p in procs:
         p.start()
     log(f"dialogue load test: {cfg.sessions} sessions, {cfg.rate:g} req/s "
         f"{'in bursts' if cfg.burst else 'Poisson'}, {cfg.duration:g} s")
     records: list[tuple[Any, ...]] = []
-    done = 0
-    give_up = time.time() + (start_at - time.perf_counter()) + cfg.duration + cfg.deadline_ms / 1e3 + 60
+    done = ready = 0
+    t_open = time.perf_counter()
+    give_up = time.time() + 120.0 + cfg.sessions / 50.0  # opening the sessions
     try:
         while done < len(procs):
             try:
@@ -321,6 +361,13 @@ def _drive(cfg: DialogueLoadConfig, url: str, secret: bytes, server: subprocess.
                 continue
             if kind == "fatal":
                 raise RuntimeError(f"client worker {i} failed: {payload}")
+            if kind == "ready":
+                ready += 1
+                if ready == len(procs):
+                    log(f"{cfg.sessions} sessions open after {time.perf_counter() - t_open:.1f} s")
+                    start.value = time.perf_counter() + 1.0
+                    give_up = time.time() + 1.0 + cfg.duration + cfg.deadline_ms / 1e3 + 60
+                continue
             records.extend(payload)
             done += 1
     finally:
