@@ -268,6 +268,7 @@ class _Lane:
         self.name, self.engine, self.service = name, engine, service
         self.wake = threading.Event()
         self.stopping = False
+        self.tokens: list[tuple[_Pending, int]] = []  # streamed tokens of the current step
         self.thread = threading.Thread(target=self._loop, name=f"flashnpc-{name}", daemon=True)
 
     def _loop(self) -> None:
@@ -292,8 +293,11 @@ class _Lane:
             if now != last:
                 svc.metrics.cache_delta(now[0] - last[0], {t: now[1][i] - last[1][i] for i, t in enumerate(TIERS)})
                 last = now
-            if results:
-                svc._post(svc._on_results, results)
+            # one hand-over to the event loop per step, not one per token: the loop thread
+            # and this one share the GIL, and thousands of wake-ups a second slowed both
+            tokens, self.tokens = self.tokens, []
+            if tokens or results:
+                svc._post(svc._on_step, tokens, results)
 
 
 class DialogueService:
@@ -569,7 +573,7 @@ class DialogueService:
         req = GenRequest(p.ids, seed=p.seed, attempt=p.attempt, max_tokens=p.max_tokens,
                          temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
                          blocked_tokens=p.blocked, tag=p,
-                         on_token=(lambda tok, t, p=p: self._post(self._on_token, p, tok)) if p.on_piece else None)
+                         on_token=(lambda tok, t, p=p: lane.tokens.append((p, tok))) if p.on_piece else None)
         p.tokens = []
         p.handle = lane.engine.submit(req)
         lane.wake.set()
@@ -579,6 +583,12 @@ class DialogueService:
         if loop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # the loop is closing
                 loop.call_soon_threadsafe(fn, *args)
+
+    def _on_step(self, tokens: list[tuple[_Pending, int]], results: list[GenResult]) -> None:
+        for p, tok in tokens:
+            self._on_token(p, tok)
+        if results:
+            self._on_results(results)
 
     def _on_token(self, p: _Pending, tok: int) -> None:
         if p.future.done() or p.on_piece is None:
