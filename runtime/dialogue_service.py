@@ -25,8 +25,8 @@ What it guarantees:
   fallback lines (reason ``breaker_open``) without touching the model, and :meth:`health`
   reports ``degraded``; after a cool-down a few probe requests decide whether it closes again.
 - **Engines.** On a CPU :meth:`load` picks :class:`runtime.ort_engine.OrtBatchedEngine` (the
-  shipped INT4 graph through onnxruntime, ~2-4x the PyTorch engine's lines per second at the
-  same latency on this project's 2-core machine); on a GPU, :class:`BatchedEngine` (PyTorch).
+  shipped INT4 graph through onnxruntime: 1.2-2.3x the PyTorch engine's lines per second at the
+  same batch size on this project's 2-core machine); on a GPU, :class:`BatchedEngine` (PyTorch).
 - **CPU threads.** On a CPU the engine threads set torch's intra-op threads to ``cpu_threads``
   (default 1, process-wide; None leaves torch's setting), and the onnxruntime engine's session
   uses as many.
