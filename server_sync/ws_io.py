@@ -268,6 +268,7 @@ class WsServerConnection(WsConnection):
         self.state: Any = None
         self.opened = False
         self.last_recv = self.loop.time()
+        self.ping_sent_at: float | None = None
         self._open_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -333,18 +334,20 @@ class WsServer:
         return int(self.server.sockets[0].getsockname()[1])
 
     async def _keepalive_loop(self, interval: float) -> None:
-        """A connection silent for ``interval`` gets a ping; silent for ``interval +
-        ping_timeout_s`` (no pong either) it is dropped."""
+        """A connection silent for ``interval`` gets a ping; one that has not answered a ping
+        (nor sent anything) within ``ping_timeout_s`` of it is dropped."""
         while True:
             await asyncio.sleep(interval)
             now = asyncio.get_running_loop().time()
             for conn in list(self.connections):
-                idle = now - conn.last_recv
-                if idle > interval + self.ping_timeout_s:
-                    conn.abort()
-                elif idle > interval and conn.open:
+                sent = conn.ping_sent_at
+                if sent is not None and conn.last_recv < sent:  # a ping is out, unanswered
+                    if now - sent > self.ping_timeout_s:
+                        conn.abort()
+                elif now - conn.last_recv > interval and conn.open:
                     conn.protocol.send_ping(b"")
                     conn._write()
+                    conn.ping_sent_at = now
 
     async def close(self) -> None:
         """Stop listening, close every connection (closing handshake, then abort after
