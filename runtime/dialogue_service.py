@@ -309,11 +309,12 @@ class DialogueService:
                  latency_budget_ms: float = 300.0, breaker: CircuitBreaker | None = None,
                  max_tokens: int = 24, temperature: float = 0.8, top_k: int = 50, top_p: float = 0.95,
                  repeat_window: int = 8, max_resamples: int = 1, min_mean_logprob: float | None = -5.0,
-                 name: str = "flash", cpu_threads: int | None = 1) -> None:
+                 name: str = "flash", cpu_threads: int | None = 1, warm_up: bool = True) -> None:
         if max_queue < 0 or max_sessions < 1 or default_deadline_ms <= 0:
             raise ValueError("DialogueService: need max_queue >= 0, max_sessions >= 1, default_deadline_ms > 0")
         self.engine = engine
         self.cpu_threads = cpu_threads
+        self.warm_up = warm_up
         self.tokenizer = engine.tokenizer
         self.catalog = {k: (dict(v) if isinstance(v, Mapping) else list(v)) for k, v in catalog.items()}
         self.fallbacks = fallbacks
@@ -392,9 +393,24 @@ class DialogueService:
         if self._started:
             return
         self._loop = asyncio.get_running_loop()
+        if self.warm_up:
+            await asyncio.to_thread(self._warm_up)
         for lane in self._lanes.values():
             lane.thread.start()
         self._started = True
+
+    def _warm_up(self) -> None:
+        """A full batch of throwaway requests through every engine before the first real one:
+        the first steps at a new batch size pay for allocations (onnxruntime's arena, torch's
+        caching allocator), and in a load test those first slow steps opened the breaker."""
+        cat = self.catalog
+        ids, _ = self.tokenizer.encode_prompt(cat["archetypes"][0], (), cat["states"][0],
+                                              cat["intents"][0], {})
+        for lane in self._lanes.values():
+            eng = lane.engine
+            if self.cpu_threads and eng.device.type == "cpu":
+                torch.set_num_threads(self.cpu_threads)
+            eng.generate([GenRequest(ids, seed=i, max_tokens=4, min_tokens=4) for i in range(eng.max_batch)])
 
     async def close(self) -> None:
         """Stop the engine threads; requests still pending get fallback lines (``cancelled``)."""

@@ -41,6 +41,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from . import aio
+
 __all__ = ["DialogueLoadConfig", "run_dialogue_loadtest", "summarize"]
 
 MAX_DURATION_S = 600.0
@@ -73,7 +75,7 @@ class DialogueLoadConfig:
 def _worker_main(index: int, cfg: dict[str, Any], n_sessions: int, url: str, secret: bytes,
                  catalog: dict[str, list[str]], start: Any, q: Any) -> None:
     try:
-        records = asyncio.run(_worker(index, cfg, n_sessions, url, secret, catalog, start, q))
+        records = aio.run(_worker(index, cfg, n_sessions, url, secret, catalog, start, q))
         q.put(("done", index, records))
     except Exception as exc:
         q.put(("fatal", index, repr(exc)))
@@ -84,11 +86,10 @@ async def _worker(index: int, cfg: dict[str, Any], n_sessions: int, url: str, se
                   catalog: dict[str, list[str]], start: Any, q: Any) -> list[tuple[Any, ...]]:
     """Open every session, report ``ready``, wait for the shared start time ``start.value``
     (perf_counter, set once every worker is ready), then send the requests."""
-    from websockets.asyncio.client import connect
-
     from .auth import issue_token
     from .dialogue_protocol import decode_dialogue_server
     from .protocol import encode
+    from .ws_io import ws_connect
 
     rng = random.Random(cfg["seed"] * 1000 + index)
     per_session_rate = cfg["rate"] / cfg["sessions"]
@@ -127,10 +128,43 @@ async def _worker(index: int, cfg: dict[str, Any], n_sessions: int, url: str, se
 
     async def session_body(k: int, opened_now: Callable[[], None]) -> None:
         srng = random.Random(rng.randrange(1 << 30))
-        async with connect(url, open_timeout=60, max_size=2**20) as ws:
+        loop = asyncio.get_running_loop()
+        replies: list[asyncio.Future[dict[str, Any]]] = []  # hello / open_session answers
+        open_reqs: dict[int, list[Any]] = {}
+        sent_all = False
+        drained = asyncio.Event()
+
+        def on_message(frame: bytes | str) -> None:
+            m = decode_dialogue_server(frame)[0]
+            if replies:
+                replies.pop(0).set_result(m)
+                return
+            now = time.perf_counter()
+            r = open_reqs.get(m.get("rid", -1))
+            if r is None:
+                return
+            if m["t"] == "piece":
+                r[1] = now if r[1] is None else r[1]
+                r[6].append(now)
+                return
+            r[2] = now
+            if m["t"] == "line":
+                r[3] = "fallback" if m["fallback"] else "line"
+                r[4] = m["tokens"]
+                r[5] = m.get("fallback_reason", "")
+            else:
+                r[3] = "busy" if m["t"] == "busy" else f"error:{m.get('code')}"
+            records.append(tuple(open_reqs.pop(m["rid"])))
+            if sent_all and not open_reqs:
+                drained.set()
+
+        ws = await ws_connect(url, on_message, open_timeout_s=60, max_size=2**20)
+        try:
             async def call(msg: dict[str, Any]) -> dict[str, Any]:
-                await ws.send(encode(msg, "msgpack"))
-                return decode_dialogue_server(await ws.recv())[0]
+                fut = loop.create_future()
+                replies.append(fut)
+                ws.send(encode(msg, "msgpack"))
+                return await asyncio.wait_for(fut, 60)
 
             welcome = await call({"t": "hello", "v": 1,
                                   "token": issue_token(secret, f"w{index}s{k}")})
@@ -146,32 +180,6 @@ async def _worker(index: int, cfg: dict[str, Any], n_sessions: int, url: str, se
             await started.wait()
             start_at = start.value
             stop_at = start_at + cfg["duration"]
-            open_reqs: dict[int, list[Any]] = {}
-            sent_all = asyncio.Event()
-
-            async def reader() -> None:
-                async for frame in ws:
-                    m = decode_dialogue_server(frame)[0]
-                    now = time.perf_counter()
-                    r = open_reqs.get(m.get("rid", -1))
-                    if r is None:
-                        continue
-                    if m["t"] == "piece":
-                        r[1] = now if r[1] is None else r[1]
-                        r[6].append(now)
-                        continue
-                    r[2] = now
-                    if m["t"] == "line":
-                        r[3] = "fallback" if m["fallback"] else "line"
-                        r[4] = m["tokens"]
-                        r[5] = m.get("fallback_reason", "")
-                    else:
-                        r[3] = "busy" if m["t"] == "busy" else f"error:{m.get('code')}"
-                    records.append(tuple(open_reqs.pop(m["rid"])))
-                    if sent_all.is_set() and not open_reqs:
-                        return
-
-            read_task = asyncio.create_task(reader())
             period = cfg["sessions"] / cfg["rate"]  # burst: one wave per period
             t = start_at - period if cfg["burst"] else start_at
             rid = 1
@@ -187,13 +195,18 @@ async def _worker(index: int, cfg: dict[str, Any], n_sessions: int, url: str, se
                 if cfg["max_tokens"]:
                     msg["max_tokens"] = cfg["max_tokens"]
                 open_reqs[rid] = [time.perf_counter(), None, None, "lost", 0, "", []]
-                await ws.send(encode(msg, "msgpack"))
-            sent_all.set()
+                ws.send(encode(msg, "msgpack"))
+            sent_all = True
             if open_reqs:
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(read_task, drain_s)
-            read_task.cancel()
+                    await asyncio.wait_for(drained.wait(), drain_s)
             records.extend(tuple(r) for r in open_reqs.values())  # never answered: "lost"
+            open_reqs.clear()
+            ws.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(ws.wait_closed(), 5.0)
+        finally:
+            ws.abort()
 
     results = await asyncio.gather(*[session(k) for k in range(n_sessions)],
                                    return_exceptions=True)

@@ -1,7 +1,8 @@
 """Dialogue over WebSockets: :class:`DialogueServer` maps the messages of
 :mod:`server_sync.dialogue_protocol` onto a :class:`runtime.dialogue_service.DialogueService`.
 
-Per connection, with the sync server's limits: the first frame must be a ``hello`` with a
+Connections run on :mod:`server_sync.ws_io`, as the sync server's do. Per connection, with the
+sync server's limits: the first frame must be a ``hello`` with a
 valid token (:func:`server_sync.auth.verify_token`, within ``hello_timeout_s``); inbound frames
 are size-limited (``max_frame``, close code 1009), rate-limited (token bucket,
 ``rate_per_s`` / ``rate_burst``) and schema-validated; a violation gets an ``error`` frame
@@ -31,8 +32,6 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from websockets.asyncio.connection import broadcast
-from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from runtime.dialogue_service import Busy, DialogueLine, DialogueService, SessionNotFound
@@ -40,35 +39,12 @@ from runtime.dialogue_service import Busy, DialogueLine, DialogueService, Sessio
 from .auth import verify_token
 from .dialogue_protocol import DIALOGUE_PROTOCOL_VERSION, decode_dialogue_client
 from .protocol import Codec, ProtocolError, encode
-from .server import RateBucket
+from .server import RateBucket, close_with, ws_frame
+from .ws_io import WsServer, WsServerConnection, ws_serve
 
 __all__ = ["DialogueConfig", "DialogueServer"]
 
 log = logging.getLogger("flashnpc.server_sync.dialogue")
-
-
-def close_soon(ws: ServerConnection, code: str, reason: str, closing: set[ServerConnection]) -> None:
-    """Close ``ws`` with policy code 1008 in the background; ``ws`` stays in ``closing`` until
-    it is gone. A client that does not read never completes the close handshake, so after 2 s
-    its transport is aborted."""
-
-    async def close() -> None:
-        try:
-            await asyncio.wait_for(ws.close(1008, f"{code}: {reason}"[:120]), 2.0)
-        except (asyncio.TimeoutError, ConnectionClosed):
-            if ws.transport is not None:
-                ws.transport.abort()
-        finally:
-            closing.discard(ws)
-
-    asyncio.get_running_loop().create_task(close())
-
-
-async def refuse(ws: ServerConnection, err: ProtocolError, codec: Any) -> None:
-    """Tell a client why it is refused (an ``error`` message), then close the connection."""
-    with contextlib.suppress(ConnectionClosed):
-        await ws.send(encode({"t": "error", "code": err.code, "reason": err.reason[:800]}, codec))
-        await ws.close(1008, f"{err.code}: {err.reason}"[:120])
 
 
 @dataclass
@@ -88,12 +64,16 @@ class DialogueConfig:
 
 
 class _Conn:
-    """One authenticated connection: its socket, codec, sessions and requests in flight."""
+    """One connection: its socket, codec and, once the hello is accepted, its player, sessions
+    and requests in flight."""
 
-    __slots__ = ("codec", "inflight", "player", "sessions", "ws")
+    __slots__ = ("bucket", "codec", "inflight", "player", "sessions", "timer", "ws")
 
-    def __init__(self, ws: ServerConnection, player: str, codec: Codec) -> None:
-        self.ws, self.player, self.codec = ws, player, codec
+    def __init__(self, ws: WsServerConnection, timer: asyncio.TimerHandle) -> None:
+        self.ws, self.timer = ws, timer
+        self.codec: Codec = "json"
+        self.player: str | None = None
+        self.bucket: RateBucket | None = None
         self.sessions: set[str] = set()
         self.inflight: dict[int, asyncio.Task[None]] = {}
 
@@ -113,10 +93,9 @@ class DialogueServer:
         self.frames_out = 0
         self.bytes_out = 0
         self.connections_total = 0
-        self._closing: set[ServerConnection] = set()
         self._sid_prefix = f"d{id(self):x}-"
         self._next_sid = 0
-        self._ws_server: Any = None
+        self._ws_server: WsServer | None = None
         self._http_runner: Any = None
         self.port: int | None = None
         self.http_port: int | None = None
@@ -125,20 +104,19 @@ class DialogueServer:
     async def start(self) -> None:
         c = self.config
         await self.service.start()
-        self._ws_server = await serve(self._handler, c.host, c.port, max_size=c.max_frame,
-                                      compression=None, max_queue=64, ping_interval=20,
-                                      ping_timeout=20, close_timeout=2, backlog=c.listen_backlog)
-        self.port = self._ws_server.sockets[0].getsockname()[1]
+        self._ws_server = await ws_serve(self, c.host, c.port, max_size=c.max_frame,
+                                         backlog=c.listen_backlog, close_timeout_s=2.0,
+                                         ping_interval_s=20.0, ping_timeout_s=20.0)
+        self.port = self._ws_server.port
         if c.http_port is not None:
             self._http_runner, self.http_port = await _start_http(self, c.host, c.http_port)
 
     async def stop(self) -> None:
         if self._ws_server is not None:
             for conn in list(self.conns):
-                with contextlib.suppress(Exception):
-                    await conn.ws.send(encode({"t": "bye", "reason": "server_shutdown"}, conn.codec))
-            self._ws_server.close()
-            await self._ws_server.wait_closed()
+                with contextlib.suppress(ConnectionClosed):
+                    conn.ws.send(encode({"t": "bye", "reason": "server_shutdown"}, conn.codec))
+            await self._ws_server.close()
         if self._http_runner is not None:
             await self._http_runner.cleanup()
         await self.service.close()
@@ -163,85 +141,80 @@ class DialogueServer:
     # ---- sending -------------------------------------------------------------------------
     def _send(self, conn: _Conn, msg: dict[str, Any]) -> None:
         ws = conn.ws
-        if ws in self._closing or ws.transport is None:
+        if not ws.open or ws.transport is None:
             return
-        frame = encode(msg, conn.codec)
-        broadcast((ws,), frame)
+        frame = ws_frame(encode(msg, conn.codec))
+        ws.transport.write(frame)
         self.frames_out += 1
         self.bytes_out += len(frame)
         backlog = ws.transport.get_write_buffer_size()
         if backlog > self.config.max_outbound_bytes:
-            self._kick(ws, "slow_consumer",
+            self._kick(conn, "slow_consumer",
                        f"{backlog} bytes unsent (limit {self.config.max_outbound_bytes})")
 
-    def _kick(self, ws: ServerConnection, code: str, reason: str) -> None:
+    def _kick(self, conn: _Conn, code: str, reason: str, *, notify: bool = False) -> None:
         self.errors[code] += 1
-        self._closing.add(ws)
-        close_soon(ws, code, reason, self._closing)
-
-    async def _refuse(self, ws: ServerConnection, err: ProtocolError, codec: Codec) -> None:
-        self.errors[err.code] += 1
-        await refuse(ws, err, codec)
+        close_with(conn.ws, code, reason, conn.codec, notify=notify)
 
     def _request_error(self, conn: _Conn, rid: int, code: str, reason: str) -> None:
         self.errors[code] += 1
         self._send(conn, {"t": "error", "rid": rid, "code": code, "reason": reason[:800]})
 
-    # ---- connections ---------------------------------------------------------------------
-    async def _handler(self, ws: ServerConnection) -> None:
-        c = self.config
+    # ---- connections (server_sync.ws_io.ServerHandler) -----------------------------------
+    def on_open(self, ws: WsServerConnection) -> None:
         self.connections_total += 1
-        codec: Codec = "json"
+        ws.state = _Conn(ws, ws.loop.call_later(self.config.hello_timeout_s, self._hello_timeout, ws))
+
+    def _hello_timeout(self, ws: WsServerConnection) -> None:
+        conn: _Conn = ws.state
+        if conn.player is None:
+            self._kick(conn, "not_authenticated", "no hello within the timeout", notify=True)
+
+    def on_message(self, ws: WsServerConnection, frame: bytes | str) -> None:
+        conn: _Conn = ws.state
         try:
-            frame = await asyncio.wait_for(ws.recv(), c.hello_timeout_s)
-        except asyncio.TimeoutError:
-            await self._refuse(ws, ProtocolError("not_authenticated", "no hello within the timeout"),
-                               codec)
-            return
-        except ConnectionClosed as exc:
-            self._count_close(exc)
-            return
-        try:
-            msg, codec = decode_dialogue_client(frame)
-            if msg["t"] != "hello":
-                raise ProtocolError("not_authenticated", f"first message must be hello, got {msg['t']}")
-            player = verify_token(c.secret, msg["token"])
-            if msg["v"] != DIALOGUE_PROTOCOL_VERSION:
-                raise ProtocolError("unsupported_version", f"server speaks dialogue protocol "
-                                    f"{DIALOGUE_PROTOCOL_VERSION}, client {msg['v']}")
+            if conn.player is None:
+                self._hello(conn, frame)
+                return
+            assert conn.bucket is not None
+            conn.bucket.take(time.monotonic())
+            msg, _ = decode_dialogue_client(frame)
+            self.messages[msg["t"]] += 1
+            if msg["t"] == "bye":
+                ws.close(1000, "bye")
+                return
+            if msg["t"] == "hello":
+                raise ProtocolError("bad_message", "hello: already authenticated")
+            self._dispatch(conn, msg)
         except ProtocolError as err:
-            await self._refuse(ws, err, codec)
-            return
-        conn = _Conn(ws, player, codec)
+            self._kick(conn, err.code, err.reason, notify=True)
+
+    def _hello(self, conn: _Conn, frame: bytes | str) -> None:
+        msg, conn.codec = decode_dialogue_client(frame)
+        if msg["t"] != "hello":
+            raise ProtocolError("not_authenticated", f"first message must be hello, got {msg['t']}")
+        player = verify_token(self.config.secret, msg["token"])
+        if msg["v"] != DIALOGUE_PROTOCOL_VERSION:
+            raise ProtocolError("unsupported_version", f"server speaks dialogue protocol "
+                                f"{DIALOGUE_PROTOCOL_VERSION}, client {msg['v']}")
+        conn.player = player
+        conn.timer.cancel()
+        conn.bucket = RateBucket(self.config.rate_per_s, self.config.rate_burst, time.monotonic())
         self.conns.add(conn)
         self._send(conn, {"t": "welcome", "v": DIALOGUE_PROTOCOL_VERSION, "player": player})
-        bucket = RateBucket(c.rate_per_s, c.rate_burst, time.monotonic())
-        try:
-            async for frame in ws:
-                bucket.take(time.monotonic())
-                msg, _ = decode_dialogue_client(frame)
-                self.messages[msg["t"]] += 1
-                if msg["t"] == "bye":
-                    await ws.close(1000, "bye")
-                    return
-                if msg["t"] == "hello":
-                    raise ProtocolError("bad_message", "hello: already authenticated")
-                self._dispatch(conn, msg)
-        except ProtocolError as err:
-            await self._refuse(ws, err, codec)
-        except ConnectionClosed as exc:
-            self._count_close(exc)
-        finally:
-            self.conns.discard(conn)
-            for task in conn.inflight.values():
-                task.cancel()
-            for sid in conn.sessions:
-                with contextlib.suppress(SessionNotFound):
-                    self.service.close_session(sid)
 
-    def _count_close(self, exc: ConnectionClosed) -> None:
-        if exc.sent is not None and exc.sent.code == 1009:
+    def on_close(self, ws: WsServerConnection) -> None:
+        conn: _Conn = ws.state
+        conn.timer.cancel()
+        sent = ws.protocol.close_sent
+        if sent is not None and sent.code == 1009:
             self.errors["too_big"] += 1
+        self.conns.discard(conn)
+        for task in conn.inflight.values():
+            task.cancel()
+        for sid in conn.sessions:
+            with contextlib.suppress(SessionNotFound):
+                self.service.close_session(sid)
 
     # ---- messages ------------------------------------------------------------------------
     def _dispatch(self, conn: _Conn, msg: dict[str, Any]) -> None:

@@ -37,7 +37,7 @@ from .protocol import PROTOCOL_VERSION, ProtocolError, decode_client, encode
 from .world import SyncWorld
 from .ws_io import WsServer, WsServerConnection, ws_serve
 
-__all__ = ["RateBucket", "ServerConfig", "SyncServer", "ws_frame"]
+__all__ = ["RateBucket", "ServerConfig", "SyncServer", "close_with", "ws_frame"]
 
 log = logging.getLogger("flashnpc.server_sync")
 
@@ -85,6 +85,16 @@ class ServerConfig:
     # one full sweep every `gc_sweep_every_s`; 0 disables both.
     gc_freeze_every_s: float = 1.0
     gc_sweep_every_s: float = 300.0
+
+
+def close_with(ws: WsServerConnection, code: str, reason: str, codec: Any, *, notify: bool) -> None:
+    """Close ``ws`` with policy code 1008 and reason ``code: reason`` without waiting for the
+    client (``notify``: send an ``error`` message first). The transport is aborted if the
+    close handshake has not finished within the connection's close timeout, so a client that
+    does not read cannot hold the server's memory."""
+    if notify and ws.open:
+        ws.send(encode({"t": "error", "code": code, "reason": reason[:800]}, codec))
+    ws.close(1008, f"{code}: {reason}")
 
 
 class RateBucket:
@@ -239,12 +249,8 @@ class SyncServer:
 
     def _kick(self, ws: WsServerConnection, code: str, reason: str, *,
               notify: bool = False) -> None:
-        """Disconnect without waiting for the client (``notify``: send an ``error`` frame
-        first); the transport is aborted if the close handshake does not finish in 2 s."""
         self.errors[code] += 1
-        if notify and ws.open:
-            ws.send(encode({"t": "error", "code": code, "reason": reason}, self._codec_of(ws)))
-        ws.close(1008, f"{code}: {reason}")
+        close_with(ws, code, reason, self._codec_of(ws), notify=notify)
 
     def _refuse(self, ws: WsServerConnection, err: ProtocolError) -> None:
         """Tell a client why it is refused (an ``error`` message), then close."""

@@ -42,6 +42,16 @@ def first(loaded, key: str) -> str:
     return loaded[1].catalog[key][0]
 
 
+async def test_start_warms_every_engine_up_with_a_full_batch(loaded):
+    svc = service(loaded, max_batch=8)
+    assert svc.engine.steps == 0
+    async with svc:
+        assert svc.engine.steps > 0 and svc._lanes["solo"].engine.steps > 0
+        assert svc.engine.tokens_generated == 8 * 4  # 8 rows x 4 tokens
+    async with service(loaded, max_batch=8, warm_up=False) as cold:
+        assert cold.engine.steps == 0
+
+
 async def test_a_session_gets_a_line_and_its_state_can_change(loaded):
     async with service(loaded) as svc:
         sid = svc.open_session(first(loaded, "archetypes"), state=first(loaded, "states"))
@@ -142,8 +152,10 @@ async def test_an_open_breaker_degrades_health_and_serves_fallbacks_to_non_criti
 async def test_opted_out_requests_run_in_their_own_lane(loaded):
     async with service(loaded) as svc:
         sid = svc.open_session(first(loaded, "archetypes"), state=first(loaded, "states"))
+        solo, batched = svc._lanes["solo"].engine, svc.engine
+        solo0, batched0 = solo.steps, batched.steps  # after the warm-up
         await svc.request_line(sid, first(loaded, "intents"), batch=False, seed=3, max_tokens=6)
-        assert svc._lanes["solo"].engine.steps > 0 and svc.engine.steps == 0
+        assert solo.steps > solo0 and batched.steps == batched0
 
 
 async def test_streamed_pieces_make_up_the_line(loaded):
