@@ -38,6 +38,7 @@ from runtime.dialogue_service import Busy, DialogueLine, DialogueService, Sessio
 
 from .auth import verify_token
 from .dialogue_protocol import DIALOGUE_PROTOCOL_VERSION, decode_dialogue_client
+from .gc_policy import GcPolicy
 from .protocol import Codec, ProtocolError, encode
 from .server import RateBucket, close_with, ws_frame
 from .ws_io import WsServer, WsServerConnection, ws_serve
@@ -61,6 +62,8 @@ class DialogueConfig:
     max_sessions_per_conn: int = 64
     max_inflight_per_conn: int = 16
     listen_backlog: int = 4096
+    gc_freeze_every_s: float = 1.0  # server_sync.gc_policy; 0 disables it
+    gc_sweep_every_s: float = 300.0
 
 
 class _Conn:
@@ -97,6 +100,9 @@ class DialogueServer:
         self._next_sid = 0
         self._ws_server: WsServer | None = None
         self._http_runner: Any = None
+        # thousands of connections' objects: the sync server's GC policy (server_sync.gc_policy)
+        self.gc = GcPolicy(config.gc_freeze_every_s, config.gc_sweep_every_s)
+        self._gc_task: asyncio.Task[None] | None = None
         self.port: int | None = None
         self.http_port: int | None = None
 
@@ -104,6 +110,8 @@ class DialogueServer:
     async def start(self) -> None:
         c = self.config
         await self.service.start()
+        self.gc.start()
+        self._gc_task = asyncio.get_running_loop().create_task(self._gc_loop())
         self._ws_server = await ws_serve(self, c.host, c.port, max_size=c.max_frame,
                                          backlog=c.listen_backlog, close_timeout_s=2.0,
                                          ping_interval_s=20.0, ping_timeout_s=20.0)
@@ -111,7 +119,15 @@ class DialogueServer:
         if c.http_port is not None:
             self._http_runner, self.http_port = await _start_http(self, c.host, c.http_port)
 
+    async def _gc_loop(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            self.gc.step()
+
     async def stop(self) -> None:
+        if self._gc_task is not None:
+            self._gc_task.cancel()
+        self.gc.stop()
         if self._ws_server is not None:
             for conn in list(self.conns):
                 with contextlib.suppress(ConnectionClosed):
