@@ -4,6 +4,8 @@ batched lines equal to single-request lines, continuous batching, prefix blocks,
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -74,10 +76,11 @@ def test_batched_lines_equal_single_request_lines_for_the_same_seed(loaded):
     assert len({tuple(r.tokens) for r in batched}) > 1
 
 
-def test_a_request_joining_mid_batch_gets_the_line_it_gets_alone(loaded):
-    tok = loaded[1]
+def check_joining_mid_batch(make: Callable[[], BatchedEngine], tok: Any) -> None:
+    """A request admitted while another row is decoding gets the line it gets alone, and the
+    running row is not disturbed (shared by the engines' tests)."""
     first, late = prompts(tok, 2)
-    eng = engine(loaded)
+    eng = make()
     eng.submit(GenRequest(first, seed=1, max_tokens=16, min_tokens=16))
     for _ in range(5):
         assert eng.step() == []
@@ -86,9 +89,13 @@ def test_a_request_joining_mid_batch_gets_the_line_it_gets_alone(loaded):
     while eng.has_work():
         results += eng.step()
     joined = next(r for r in results if r.request is h._seq.req)
-    alone = engine(loaded).generate([GenRequest(late, seed=2, max_tokens=8)])[0]
+    alone = make().generate([GenRequest(late, seed=2, max_tokens=8)])[0]
     assert joined.tokens == alone.tokens
     assert len(next(r for r in results if r is not joined).tokens) == 16
+
+
+def test_a_request_joining_mid_batch_gets_the_line_it_gets_alone(loaded):
+    check_joining_mid_batch(lambda: engine(loaded), loaded[1])
 
 
 def test_prefix_blocks_are_reused_without_changing_the_line(loaded):

@@ -12,7 +12,7 @@ from runtime.dialogue_service import DialogueService
 from runtime.onnx_model import FlashOnnx
 from runtime.ort_engine import OrtBatchedEngine
 
-from .test_batched_engine import prompts
+from .test_batched_engine import check_joining_mid_batch, prompts
 
 
 @pytest.fixture(scope="module")
@@ -54,20 +54,7 @@ def test_batched_lines_equal_single_request_lines_for_the_same_seed(onnx):
 
 
 def test_a_request_joining_mid_batch_gets_the_line_it_gets_alone(onnx):
-    tok = onnx.tokenizer
-    first, late = prompts(tok, 2)
-    eng = engine(onnx)
-    eng.submit(GenRequest(first, seed=1, max_tokens=16, min_tokens=16))
-    for _ in range(5):
-        assert eng.step() == []
-    h = eng.submit(GenRequest(late, seed=2, max_tokens=8))
-    results = []
-    while eng.has_work():
-        results += eng.step()
-    joined = next(r for r in results if r.request is h._seq.req)
-    alone = engine(onnx).generate([GenRequest(late, seed=2, max_tokens=8)])[0]
-    assert joined.tokens == alone.tokens
-    assert len(next(r for r in results if r is not joined).tokens) == 16
+    check_joining_mid_batch(lambda: engine(onnx), onnx.tokenizer)
 
 
 def test_the_padded_kv_length_follows_the_longest_live_row_not_the_uptime(onnx):
