@@ -27,6 +27,8 @@ What it guarantees:
 - **Engines.** On a CPU :meth:`load` picks :class:`runtime.ort_engine.OrtBatchedEngine` (the
   shipped INT4 graph through onnxruntime: 1.2-2.3x the PyTorch engine's lines per second at the
   same batch size on this project's 2-core machine); on a GPU, :class:`BatchedEngine` (PyTorch).
+- **Warm-up.** :meth:`start` first runs a full batch of throwaway requests through every
+  engine (``warm_up=False`` skips it): the first steps at a new batch size pay for allocations.
 - **CPU threads.** On a CPU the engine threads set torch's intra-op threads to ``cpu_threads``
   (default 1, process-wide; None leaves torch's setting), and the onnxruntime engine's session
   uses as many.
