@@ -58,6 +58,7 @@ class DialogueLoadConfig:
     device: str = "cpu"
     max_batch: int = 64
     engine: str = "auto"        # the server's dialogue engine (serve --engine)
+    cpu_threads: int = 1        # the engine's intra-op threads (serve --cpu-threads)
     model_dir: str | None = None
     deadline_ms: int = 1000
     max_tokens: int | None = None
@@ -309,6 +310,7 @@ def run_dialogue_loadtest(cfg: DialogueLoadConfig, *, log: Any = print) -> dict[
     cmd = [sys.executable, "-m", "plugin.cli", "serve", "--host", "127.0.0.1", "--port", "0",
            "--http-port", "-1", "--world", "sim:1", "--tick-hz", "1", "--dialogue",
            "--device", cfg.device, "--max-batch", str(cfg.max_batch), "--engine", cfg.engine,
+           "--cpu-threads", str(cfg.cpu_threads),
            "--dialogue-port", "0",
            "--dialogue-http-port", "0", "--rate", "1000", "--ready-file", str(ready)]
     if cfg.model_dir:

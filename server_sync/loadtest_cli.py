@@ -60,6 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-batch", type=int, default=64)
     g.add_argument("--engine", choices=["auto", "ort", "torch"], default="auto",
                    help="the server's dialogue engine (auto: onnxruntime on a CPU)")
+    g.add_argument("--cpu-threads", type=int, default=1,
+                   help="the server engine's intra-op threads on a CPU")
     g.add_argument("--model-dir", default=None, help="exported model (default: the shipped one)")
     g.add_argument("--deadline-ms", type=int, default=1000, help="deadline of each request")
     g.add_argument("--slo-ttft-ms", type=float, default=200.0, help="goodput SLO on TTFT")
@@ -98,6 +100,7 @@ def _run_dialogue(args: argparse.Namespace) -> int:
     cfg = DialogueLoadConfig(sessions=args.sessions, rate=args.rate, duration=args.duration,
                              burst=args.burst, procs=args.procs, device=args.device,
                              max_batch=args.max_batch, engine=args.engine,
+                             cpu_threads=args.cpu_threads,
                              model_dir=args.model_dir,
                              deadline_ms=args.deadline_ms, slo_ttft_ms=args.slo_ttft_ms,
                              slo_e2el_ms=args.slo_e2el_ms, seed=args.seed,

@@ -68,6 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="device of the dialogue model (with --dialogue)")
     parser.add_argument("--max-batch", type=int, default=256,
                         help="dialogue engine batch size (with --dialogue)")
+    parser.add_argument("--cpu-threads", type=int, default=1,
+                        help="intra-op threads of the dialogue engine on a CPU (with --dialogue)")
     parser.add_argument("--engine", choices=["auto", "ort", "torch"], default="auto",
                         help="dialogue engine: onnxruntime INT4 graph (ort, CPU), PyTorch (torch), "
                              "or auto: ort on a CPU, torch on a GPU (with --dialogue)")
@@ -142,8 +144,10 @@ def _dialogue_server(args: argparse.Namespace, secret: bytes) -> Any:
 
     from .dialogue_server import DialogueConfig, DialogueServer
 
+    if args.cpu_threads < 1:
+        raise ValueError(f"--cpu-threads must be >= 1, got {args.cpu_threads}")
     service = DialogueService.load(args.model_dir, device=args.device, max_batch=args.max_batch,
-                                   engine=args.engine)
+                                   engine=args.engine, cpu_threads=args.cpu_threads)
     return DialogueServer(service, DialogueConfig(
         secret=secret, host=args.host, port=args.dialogue_port,
         http_port=None if args.dialogue_http_port < 0 else args.dialogue_http_port,

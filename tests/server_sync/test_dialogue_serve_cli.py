@@ -53,3 +53,12 @@ async def test_serve_dialogue_answers_a_line_next_to_the_sync_server(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
+
+
+def test_serve_dialogue_refuses_zero_cpu_threads_with_a_reason():
+    env = dict(os.environ, FLASHNPC_SECRET=SECRET.decode())
+    out = subprocess.run([sys.executable, "-m", "plugin.cli", "serve", "--port", "0", "--http-port", "0",
+                          "--dialogue", "--cpu-threads", "0"], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 1
+    assert "--cpu-threads must be >= 1, got 0" in out.stderr
