@@ -150,9 +150,12 @@ class _Graph:
         return name
 
     def op(self, op_type: str, inputs: list[str], hint: str | None = None, *, n_out: int = 1,
-           domain: str = "", **attrs: Any) -> str | list[str]:
+           domain: str = "", out: str | None = None, **attrs: Any) -> str | list[str]:
+        """Append a node; its output is named from ``hint`` (unique), or exactly ``out`` (a
+        graph output: naming the producer's output spares an Identity, which onnxruntime runs
+        as a copy)."""
         base = self.name(hint or op_type)
-        outs = [base] if n_out == 1 else [f"{base}_{j}" for j in range(n_out)]
+        outs = [out] if out is not None else [base] if n_out == 1 else [f"{base}_{j}" for j in range(n_out)]
         self.nodes.append(helper.make_node(op_type, inputs, outs, name=base, domain=domain, **attrs))
         return outs[0] if n_out == 1 else outs
 
@@ -229,7 +232,8 @@ class _Builder:
         return g.op("GatherBlockQuantized", [data, ids, scales], "wte", domain=MS_DOMAIN,
                     gather_axis=0, quantize_axis=1, block_size=self.block, bits=4)
 
-    def attention(self, x: str, i: int, bias: str, past_k: str, past_v: str) -> tuple[str, str, str]:
+    def attention(self, x: str, i: int, bias: str, past_k: str, past_v: str,
+                  present_k: str | None = None, present_v: str | None = None) -> tuple[str, str, str]:
         g, cfg = self.g, self.cfg
         c, nh = int(cfg["n_embd"]), int(cfg["n_head"])
         hd = c // nh
@@ -242,8 +246,8 @@ class _Builder:
             return g.op("Transpose", [g.op("Reshape", [t, heads])], perm=[0, 2, 1, 3])
 
         q = g.op("Mul", [to_heads(q), g.const("scale", np.array(1.0 / np.sqrt(hd), np.float32))])
-        k_all = g.op("Concat", [past_k, to_heads(k)], "k_all", axis=2)
-        v_all = g.op("Concat", [past_v, to_heads(v)], "v_all", axis=2)
+        k_all = g.op("Concat", [past_k, to_heads(k)], "k_all", out=present_k, axis=2)
+        v_all = g.op("Concat", [past_v, to_heads(v)], "v_all", out=present_v, axis=2)
         kt = g.op("Transpose", [k_all], perm=[0, 1, 3, 2])
         scores = g.op("Add", [g.op("MatMul", [q, kt], "scores"), bias])
         att = g.op("Softmax", [scores], axis=-1)
@@ -369,9 +373,8 @@ class _Builder:
         router: list[str] = []
         for i in range(n_layer):
             h = self.layernorm(x, f"transformer.h.{i}.ln_1.weight")
-            a, k_all, v_all = self.attention(h, i, bias, f"past_key_{i}", f"past_value_{i}")
-            g.nodes.append(helper.make_node("Identity", [k_all], [f"present_key_{i}"]))
-            g.nodes.append(helper.make_node("Identity", [v_all], [f"present_value_{i}"]))
+            a, _, _ = self.attention(h, i, bias, f"past_key_{i}", f"past_value_{i}",
+                                     f"present_key_{i}", f"present_value_{i}")
             presents += [f"present_key_{i}", f"present_value_{i}"]
             x = g.op("Add", [x, a], "resid")
             h = self.layernorm(x, f"transformer.h.{i}.ln_2.weight")
@@ -385,12 +388,11 @@ class _Builder:
         if self.int4:
             qw, qs = self.lm_head_int4_names
             v, c = lm.shape
-            logits = g.op("MatMulNBits", [x, qw, qs], "lm_head", domain=MS_DOMAIN, K=c, N=v,
-                          bits=4, block_size=self.block, accuracy_level=self.o.accuracy_level)
+            g.op("MatMulNBits", [x, qw, qs], "lm_head", domain=MS_DOMAIN, out="logits", K=c, N=v,
+                 bits=4, block_size=self.block, accuracy_level=self.o.accuracy_level)
         else:
-            logits = g.op("MatMul", [x, g.const("lm_head_t", np.ascontiguousarray(
-                self.quantizable(lm).T))], "lm_head")
-        g.nodes.append(helper.make_node("Identity", [logits], ["logits"]))
+            g.op("MatMul", [x, g.const("lm_head_t", np.ascontiguousarray(
+                self.quantizable(lm).T))], "lm_head", out="logits")
         if router:
             g.nodes.append(helper.make_node("Concat", router, ["router_probs"], axis=0))
         else:  # no MoE layer: an empty [0, B*T, E] tensor keeps the interface
