@@ -10,7 +10,7 @@ wait for its previous line. With ``burst`` every session instead asks at the sam
 one wave every ``sessions / rate`` seconds (the same mean rate, worst-case arrivals).
 Arrivals stop after ``duration`` s; lines still owed are awaited for ``deadline_ms`` + 5 s.
 
-Every request streams (``stream: true``). Figures, measured on the client's clock, with
+Every request streams (``stream: true``) unless ``stream`` is off (then there are no TTFT or ITL figures and goodput is judged on e2el). Figures, measured on the client's clock, with
 vLLM's ``benchmark_serving`` names: ``request_throughput`` (lines/s) and ``output_throughput``
 (model tokens/s) over ``duration_s`` (first arrival to the last answer), and mean / median / p95 / p99 of ``ttft_ms`` (send to first piece),
 ``tpot_ms`` ((e2el - ttft) / (tokens - 1)), ``itl_ms`` (gaps between pieces; a piece is
@@ -54,6 +54,7 @@ class DialogueLoadConfig:
     rate: float = 20.0          # requests per second, all sessions together
     duration: float = 20.0      # seconds of arrivals
     burst: bool = False
+    stream: bool = True         # request_line with stream: pieces as they decode (TTFT, ITL)
     procs: int = 2
     device: str = "cpu"
     max_batch: int = 64
@@ -191,7 +192,7 @@ async def _worker(index: int, cfg: dict[str, Any], n_sessions: int, url: str, se
                 await asyncio.sleep(max(0.0, t - time.perf_counter()))
                 rid += 1
                 msg: dict[str, Any] = {"t": "request_line", "rid": rid, "session": sid,
-                                       "intent": srng.choice(catalog["intents"]), "stream": True,
+                                       "intent": srng.choice(catalog["intents"]), "stream": cfg["stream"],
                                        "deadline_ms": cfg["deadline_ms"]}
                 if cfg["max_tokens"]:
                     msg["max_tokens"] = cfg["max_tokens"]
@@ -254,7 +255,8 @@ def summarize(records: list[tuple[Any, ...]], duration_s: float, *, slo_ttft_ms:
             reasons[reason or "unknown"] += 1
             continue
         out_tokens += tokens
-        if first is None:
+        if first is None:  # not streamed: no TTFT, the SLO is judged on e2el alone
+            good += e <= slo_e2el_ms
             continue
         f = 1000.0 * (first - sent)
         ttft.append(f)

@@ -54,6 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("dialogue")
     g.add_argument("--sessions", type=int, default=200, help="dialogue sessions")
     g.add_argument("--rate", type=float, default=20.0, help="line requests/s, all sessions")
+    g.add_argument("--no-stream", action="store_true",
+                   help="ask for whole lines instead of streamed pieces (no TTFT/ITL figures)")
     g.add_argument("--burst", action="store_true",
                    help="all sessions ask at once, one wave every sessions/rate seconds")
     g.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -98,7 +100,8 @@ def _run_dialogue(args: argparse.Namespace) -> int:
 
     d = DialogueLoadConfig()
     cfg = DialogueLoadConfig(sessions=args.sessions, rate=args.rate, duration=args.duration,
-                             burst=args.burst, procs=args.procs, device=args.device,
+                             burst=args.burst, stream=not args.no_stream, procs=args.procs,
+                             device=args.device,
                              max_batch=args.max_batch, engine=args.engine,
                              cpu_threads=args.cpu_threads,
                              model_dir=args.model_dir,

@@ -33,6 +33,13 @@ def test_summary_figures_follow_from_the_records():
         summarize(records, 0.0, slo_ttft_ms=1, slo_e2el_ms=1)
 
 
+def test_unstreamed_lines_meet_the_slo_on_e2el_alone():
+    records = [(0.0, None, 0.200, "line", 5, "", []), (1.0, None, 2.5, "line", 5, "", [])]
+    r = summarize(records, 10.0, slo_ttft_ms=50.0, slo_e2el_ms=1000.0)
+    assert r["goodput"] == pytest.approx(0.1)  # the first within 1,000 ms; no TTFT to judge
+    assert r["output_throughput"] == pytest.approx(1.0)
+
+
 def test_a_short_run_answers_every_request_and_writes_report_and_plot(tmp_path):
     model = build_tiny_model_dir(tmp_path / "model")
     cfg = DialogueLoadConfig(sessions=24, rate=30.0, duration=2.0, procs=2, max_batch=16,
