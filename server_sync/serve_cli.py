@@ -140,7 +140,11 @@ async def _serve(args: argparse.Namespace, secret: bytes) -> None:
 
 
 def _dialogue_server(args: argparse.Namespace, secret: bytes) -> Any:
-    from runtime.dialogue_service import DialogueService
+    try:
+        from runtime.dialogue_service import DialogueService
+    except ImportError as exc:  # torch is an extra: a game client never installs it
+        raise ValueError(f"--dialogue needs PyTorch (pip install 'flashnpc[gpu]'; on the "
+                         f"project machines torch==2.13.0): {exc}") from exc
 
     from .dialogue_server import DialogueConfig, DialogueServer
 

@@ -62,3 +62,13 @@ def test_serve_dialogue_refuses_zero_cpu_threads_with_a_reason():
                          text=True, timeout=120)
     assert out.returncode == 1
     assert "--cpu-threads must be >= 1, got 0" in out.stderr
+
+
+def test_serve_dialogue_without_torch_says_what_to_install():
+    env = dict(os.environ, FLASHNPC_SECRET=SECRET.decode())
+    code = ("import sys; sys.modules['torch'] = None; from plugin.cli import main; "
+            "sys.exit(main(['serve', '--port', '0', '--http-port', '0', '--dialogue']))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 1
+    assert "--dialogue needs PyTorch (pip install 'flashnpc[gpu]'" in out.stderr
