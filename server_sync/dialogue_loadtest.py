@@ -298,7 +298,7 @@ def run_dialogue_loadtest(cfg: DialogueLoadConfig, *, log: Any = print) -> dict[
         raise ValueError(f"dialogue load test: need sessions >= 1, procs >= 1, rate > 0 and "
                          f"0 < duration <= {MAX_DURATION_S:g} (got {cfg.sessions}, {cfg.procs}, "
                          f"{cfg.rate}, {cfg.duration})")
-    from .loadtest import _cpu_seconds, wait_ready
+    from .loadtest import _cpu_seconds, stop_process, wait_ready
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -325,12 +325,7 @@ def run_dialogue_loadtest(cfg: DialogueLoadConfig, *, log: Any = print) -> dict[
         cpu = _cpu_seconds(server.pid) - cpu0
         server_view = _server_view(f"http://127.0.0.1:{http_port}")
     finally:
-        if server.poll() is None:
-            server.terminate()
-            try:
-                server.wait(10)
-            except subprocess.TimeoutExpired:
-                server.kill()
+        stop_process(server)
     # as vLLM's benchmark: throughput over the time until the last answer, not just arrivals
     span = max([cfg.duration, *(r[2] for r in records if r[2] is not None)])
     report = summarize(records, span, slo_ttft_ms=cfg.slo_ttft_ms, slo_e2el_ms=cfg.slo_e2el_ms)

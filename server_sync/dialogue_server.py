@@ -1,14 +1,10 @@
 """Dialogue over WebSockets: :class:`DialogueServer` maps the messages of
 :mod:`server_sync.dialogue_protocol` onto a :class:`runtime.dialogue_service.DialogueService`.
 
-Connections run on :mod:`server_sync.ws_io`, as the sync server's do. Per connection, with the
-sync server's limits: the first frame must be a ``hello`` with a
-valid token (:func:`server_sync.auth.verify_token`, within ``hello_timeout_s``); inbound frames
-are size-limited (``max_frame``, close code 1009), rate-limited (token bucket,
-``rate_per_s`` / ``rate_burst``) and schema-validated; a violation gets an ``error`` frame
-and a close whose reason is the error code. Outbound frames go straight into the socket's
-write buffer; a client whose unsent backlog passes ``max_outbound_bytes`` is dropped with
-``slow_consumer``. A connection may hold ``max_sessions_per_conn`` dialogue sessions and
+Connections run on :mod:`server_sync.ws_io` behind the gate the sync server uses
+(:mod:`server_sync.gate`: hello with a valid token within ``hello_timeout_s``, 1009 size limit,
+rate limit, schema validation, ``error`` + close on any violation, ``slow_consumer`` past
+``max_outbound_bytes``). A connection may hold ``max_sessions_per_conn`` dialogue sessions and
 ``max_inflight_per_conn`` unanswered ``request_line`` messages (more get ``busy``); its
 sessions close when it disconnects. Sessions are private to the connection that opened
 them: another connection naming the id gets ``unknown_session``.
@@ -27,21 +23,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
-
-from websockets.exceptions import ConnectionClosed
 
 from runtime.dialogue_service import Busy, DialogueLine, DialogueService, SessionNotFound
 
-from .auth import verify_token
 from .dialogue_protocol import DIALOGUE_PROTOCOL_VERSION, decode_dialogue_client
+from .gate import GateConn, GatedServer, ws_frame
 from .gc_policy import GcPolicy
-from .protocol import Codec, ProtocolError, encode
-from .server import RateBucket, close_with, ws_frame
-from .ws_io import WsServer, WsServerConnection, ws_serve
+from .protocol import Codec, encode
+from .ws_io import WsServerConnection
 
 __all__ = ["DialogueConfig", "DialogueServer"]
 
@@ -66,44 +58,35 @@ class DialogueConfig:
     gc_sweep_every_s: float = 300.0
 
 
-class _Conn:
-    """One connection: its socket, codec and, once the hello is accepted, its player, sessions
-    and requests in flight."""
+@dataclass(eq=False)
+class _Conn(GateConn):
+    """A dialogue connection: the gate's state plus its sessions and requests in flight."""
 
-    __slots__ = ("bucket", "codec", "inflight", "player", "sessions", "timer", "ws")
-
-    def __init__(self, ws: WsServerConnection, timer: asyncio.TimerHandle) -> None:
-        self.ws, self.timer = ws, timer
-        self.codec: Codec = "json"
-        self.player: str | None = None
-        self.bucket: RateBucket | None = None
-        self.sessions: set[str] = set()
-        self.inflight: dict[int, asyncio.Task[None]] = {}
+    sessions: set[str] = field(default_factory=set)
+    inflight: dict[int, asyncio.Task[None]] = field(default_factory=dict)
 
 
-class DialogueServer:
+class DialogueServer(GatedServer):
     """Serve ``service`` (already loaded; the server starts and closes it) per ``config``."""
 
+    protocol_name = "dialogue protocol"
+    protocol_version = DIALOGUE_PROTOCOL_VERSION
+
     def __init__(self, service: DialogueService, config: DialogueConfig) -> None:
+        super().__init__()
         self.service = service
         self.config = config
-        self.conns: set[_Conn] = set()
-        self.errors: Counter[str] = Counter()
+        self.conns: set[_Conn] = set()  # authenticated connections
         self.messages: Counter[str] = Counter()
         self.busy_total = 0
         self.lines_total = 0
         self.fallbacks_total = 0
-        self.frames_out = 0
-        self.bytes_out = 0
-        self.connections_total = 0
         self._sid_prefix = f"d{id(self):x}-"
         self._next_sid = 0
-        self._ws_server: WsServer | None = None
         self._http_runner: Any = None
         # thousands of connections' objects: the sync server's GC policy (server_sync.gc_policy)
         self.gc = GcPolicy(config.gc_freeze_every_s, config.gc_sweep_every_s)
         self._gc_task: asyncio.Task[None] | None = None
-        self.port: int | None = None
         self.http_port: int | None = None
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -112,10 +95,7 @@ class DialogueServer:
         await self.service.start()
         self.gc.start()
         self._gc_task = asyncio.get_running_loop().create_task(self._gc_loop())
-        self._ws_server = await ws_serve(self, c.host, c.port, max_size=c.max_frame,
-                                         backlog=c.listen_backlog, close_timeout_s=2.0,
-                                         ping_interval_s=20.0, ping_timeout_s=20.0)
-        self.port = self._ws_server.port
+        await self.listen()
         if c.http_port is not None:
             self._http_runner, self.http_port = await _start_http(self, c.host, c.http_port)
 
@@ -128,11 +108,7 @@ class DialogueServer:
         if self._gc_task is not None:
             self._gc_task.cancel()
         self.gc.stop()
-        if self._ws_server is not None:
-            for conn in list(self.conns):
-                with contextlib.suppress(ConnectionClosed):
-                    conn.ws.send(encode({"t": "bye", "reason": "server_shutdown"}, conn.codec))
-            await self._ws_server.close()
+        await self.close_all(self.conns)
         if self._http_runner is not None:
             await self._http_runner.cleanup()
         await self.service.close()
@@ -156,75 +132,34 @@ class DialogueServer:
 
     # ---- sending -------------------------------------------------------------------------
     def _send(self, conn: _Conn, msg: dict[str, Any]) -> None:
-        ws = conn.ws
-        if not ws.open or ws.transport is None:
-            return
-        frame = ws_frame(encode(msg, conn.codec))
-        ws.transport.write(frame)
-        self.frames_out += 1
-        self.bytes_out += len(frame)
-        backlog = ws.transport.get_write_buffer_size()
-        if backlog > self.config.max_outbound_bytes:
-            self._kick(conn, "slow_consumer",
-                       f"{backlog} bytes unsent (limit {self.config.max_outbound_bytes})")
-
-    def _kick(self, conn: _Conn, code: str, reason: str, *, notify: bool = False) -> None:
-        self.errors[code] += 1
-        close_with(conn.ws, code, reason, conn.codec, notify=notify)
+        self.write(conn, ws_frame(encode(msg, conn.codec)), 1)
 
     def _request_error(self, conn: _Conn, rid: int, code: str, reason: str) -> None:
         self.errors[code] += 1
         self._send(conn, {"t": "error", "rid": rid, "code": code, "reason": reason[:800]})
 
-    # ---- connections (server_sync.ws_io.ServerHandler) -----------------------------------
-    def on_open(self, ws: WsServerConnection) -> None:
-        self.connections_total += 1
-        ws.state = _Conn(ws, ws.loop.call_later(self.config.hello_timeout_s, self._hello_timeout, ws))
+    # ---- connections (the gate's hooks) --------------------------------------------------
+    def decode(self, frame: bytes | str) -> tuple[dict[str, Any], Codec]:
+        return decode_dialogue_client(frame)
 
-    def _hello_timeout(self, ws: WsServerConnection) -> None:
-        conn: _Conn = ws.state
-        if conn.player is None:
-            self._kick(conn, "not_authenticated", "no hello within the timeout", notify=True)
+    def new_conn(self, ws: WsServerConnection, timer: asyncio.TimerHandle) -> _Conn:
+        return _Conn(ws, timer)
 
-    def on_message(self, ws: WsServerConnection, frame: bytes | str) -> None:
-        conn: _Conn = ws.state
-        try:
-            if conn.player is None:
-                self._hello(conn, frame)
-                return
-            assert conn.bucket is not None
-            conn.bucket.take(time.monotonic())
-            msg, _ = decode_dialogue_client(frame)
-            self.messages[msg["t"]] += 1
-            if msg["t"] == "bye":
-                ws.close(1000, "bye")
-                return
-            if msg["t"] == "hello":
-                raise ProtocolError("bad_message", "hello: already authenticated")
-            self._dispatch(conn, msg)
-        except ProtocolError as err:
-            self._kick(conn, err.code, err.reason, notify=True)
-
-    def _hello(self, conn: _Conn, frame: bytes | str) -> None:
-        msg, conn.codec = decode_dialogue_client(frame)
-        if msg["t"] != "hello":
-            raise ProtocolError("not_authenticated", f"first message must be hello, got {msg['t']}")
-        player = verify_token(self.config.secret, msg["token"])
-        if msg["v"] != DIALOGUE_PROTOCOL_VERSION:
-            raise ProtocolError("unsupported_version", f"server speaks dialogue protocol "
-                                f"{DIALOGUE_PROTOCOL_VERSION}, client {msg['v']}")
-        conn.player = player
-        conn.timer.cancel()
-        conn.bucket = RateBucket(self.config.rate_per_s, self.config.rate_burst, time.monotonic())
+    def welcome(self, conn: GateConn, hello: dict[str, Any]) -> None:
+        assert isinstance(conn, _Conn)
         self.conns.add(conn)
-        self._send(conn, {"t": "welcome", "v": DIALOGUE_PROTOCOL_VERSION, "player": player})
+        self._send(conn, {"t": "welcome", "v": DIALOGUE_PROTOCOL_VERSION, "player": conn.player})
 
-    def on_close(self, ws: WsServerConnection) -> None:
-        conn: _Conn = ws.state
-        conn.timer.cancel()
-        sent = ws.protocol.close_sent
-        if sent is not None and sent.code == 1009:
-            self.errors["too_big"] += 1
+    def handle(self, conn: GateConn, msg: dict[str, Any]) -> None:
+        assert isinstance(conn, _Conn)
+        self.messages[msg["t"]] += 1
+        self._dispatch(conn, msg)
+
+    def bye(self, conn: GateConn) -> None:
+        self.messages["bye"] += 1
+
+    def closed(self, conn: GateConn) -> None:
+        assert isinstance(conn, _Conn)
         self.conns.discard(conn)
         for task in conn.inflight.values():
             task.cancel()
@@ -325,6 +260,8 @@ async def _start_http(server: DialogueServer, host: str, port: int) -> tuple[Any
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+    from .http import serve_app
+
     class Collector:
         def collect(self) -> Any:
             c = CounterMetricFamily
@@ -361,9 +298,4 @@ async def _start_http(server: DialogueServer, host: str, port: int) -> tuple[Any
     app = web.Application()
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, bound
+    return await serve_app(app, host, port)

@@ -138,6 +138,11 @@ async def start_http(server: SyncServer, host: str, port: int) -> tuple[web.AppR
     app.router.add_get("/admin/stats", stats)
     app.router.add_get("/admin/areas", areas)
     app.router.add_post("/admin/freeze", freeze)
+    return await serve_app(app, host, port)
+
+
+async def serve_app(app: Any, host: str, port: int) -> tuple[Any, int]:
+    """Start the aiohttp ``app`` on ``host:port`` (0: any free port); (runner, bound port)."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

@@ -303,12 +303,17 @@ def run_loadtest(cfg: LoadConfig, *, log: Any = print) -> dict[str, Any]:
         admin_url = f"http://127.0.0.1:{http_port}/admin"
         return _drive(cfg, server, url, admin_url, admin, secret, tmp, out, log, np)
     finally:
-        if server.poll() is None:
-            server.terminate()
-            try:
-                server.wait(10)
-            except subprocess.TimeoutExpired:
-                server.kill()
+        stop_process(server)
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """Terminate ``proc`` if it still runs; kill it if it has not exited 10 s later."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def _next(q: Any, procs: list[Any], server: subprocess.Popen[bytes],
