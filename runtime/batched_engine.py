@@ -939,26 +939,25 @@ class BatchedEngine:
         holes = np.nonzero(~kept[:n_keep])[0]
         movers = keep[keep >= n_keep]
         order = np.arange(n_keep)
+        dst = src = None
         if len(holes):
             order[holes] = movers
             dst = torch.as_tensor(holes, device=self.device)
             src = torch.as_tensor(movers, device=self.device)
-            self._move_kv(holes, movers)
             self._extra_block[dst] = self._extra_block[src]
             for arr in self._slot_arrays:
                 arr[holes] = arr[movers]
-        self._keep_kv(order)
+        self._compact_kv(order, dst, src, movers)
         self.rows = [self.rows[i] for i in order]
 
-    def _move_kv(self, holes: np.ndarray, movers: np.ndarray) -> None:
-        """Copy the keys/values of rows ``movers`` into slots ``holes`` (compaction)."""
-        dst = torch.as_tensor(holes, device=self.device)
-        src = torch.as_tensor(movers, device=self.device)
+    def _compact_kv(self, order: np.ndarray, dst: Tensor | None, src: Tensor | None,
+                    movers: np.ndarray) -> None:
+        """Keys/values after compaction (row ``i`` is old row ``order[i]``): here, copy the
+        movers' slots ``src`` into the holes ``dst`` (None: nothing moves)."""
+        if dst is None or src is None:
+            return
         t = int(self._pos[movers].max())  # positions beyond a row's length hold nothing it reads
         self.kv[:, :, dst, :, :t] = self.kv[:, :, src, :, :t]
-
-    def _keep_kv(self, order: np.ndarray) -> None:
-        """After compaction row ``i`` is old row ``order[i]`` (slots here need nothing more)."""
 
     def _result(self, i: int, finish: str, now: float) -> GenResult:
         """The result of running row ``i``."""

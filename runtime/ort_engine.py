@@ -139,24 +139,26 @@ class OrtBatchedEngine(BatchedEngine):
             present, mask = groups[0]
             if not mask.size or mask[:, 0].any():
                 return present, mask
-        # where every running row comes from: (group, row in group), after compaction
-        src = [(g, r) for g, (_, m) in enumerate(groups) for r in range(m.shape[0])]
-        if order is not None:
-            src = [src[i] for i in order]
-        n = len(src)
+        # where every running row comes from (group, row in group) and the first column it
+        # attends to in the common frame, in the order compaction kept
+        sizes = [m.shape[0] for _, m in groups]
+        gid = np.repeat(np.arange(len(groups)), sizes)
+        rid = np.concatenate([np.arange(k) for k in sizes])
         length = max(m.shape[1] for _, m in groups)
-        starts = np.array([length - groups[g][1].shape[1] + int(groups[g][1][r].argmax()) for g, r in src])
+        starts = np.concatenate([length - m.shape[1] + m.argmax(axis=1) for _, m in groups])
+        if order is not None:
+            gid, rid, starts = gid[order], rid[order], starts[order]
+        n = len(gid)
         first = int(starts.min()) if n else 0
         width = length - first
         mask = np.zeros((n, width), np.int64)
         h, d = self.n_head, self.head_dim
         past = [np.zeros((n, h, width, d), np.float32) for _ in range(2 * self.config.n_layer)]
         for g, (present, gmask) in enumerate(groups):
-            rows = [i for i, (gg, _) in enumerate(src) if gg == g]
-            if not rows:
+            dst = np.nonzero(gid == g)[0]
+            if not len(dst):
                 continue
-            from_rows = np.array([src[i][1] for i in rows])
-            dst = np.array(rows)
+            from_rows = rid[dst]
             off = length - gmask.shape[1] - first  # where this group's column 0 lands
             lo = max(0, -off)  # group columns before the cut are dropped
             mask[dst, off + lo:] = gmask[from_rows, lo:]
@@ -167,10 +169,9 @@ class OrtBatchedEngine(BatchedEngine):
 
     # ------------------------------------------------------------ bookkeeping
 
-    def _move_kv(self, holes: np.ndarray, movers: np.ndarray) -> None:
-        pass  # rows are re-gathered whole when the next step materializes them
-
-    def _keep_kv(self, order: np.ndarray) -> None:
+    def _compact_kv(self, order: np.ndarray, dst: Tensor | None, src: Tensor | None,
+                    movers: np.ndarray) -> None:
+        # rows are gathered in their new order when the next step materializes them
         self._order = order if self._order is None else self._order[order]
 
     def fail_all(self) -> list[Any]:
