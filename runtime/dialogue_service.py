@@ -25,7 +25,7 @@ What it guarantees:
   fallback lines (reason ``breaker_open``) without touching the model, and :meth:`health`
   reports ``degraded``; after a cool-down a few probe requests decide whether it closes again.
 - **Engines.** On a CPU :meth:`load` picks :class:`runtime.ort_engine.OrtBatchedEngine` (the
-  shipped INT4 graph through onnxruntime: 1.2-2.3x the PyTorch engine's lines per second at the
+  shipped INT4 graph through onnxruntime: 1.2-2.4x the PyTorch engine's lines per second at the
   same batch size on this project's 2-core machine); on a GPU, :class:`BatchedEngine` (PyTorch).
 - **Warm-up.** :meth:`start` first runs a full batch of throwaway requests through every
   engine (``warm_up=False`` skips it): the first steps at a new batch size pay for allocations.

@@ -43,8 +43,8 @@ def ws_frame(message: bytes | str) -> bytes:
 
     Outbound frames are written straight into the transport with this: that is what
     ``websockets.broadcast`` ends up writing for a server (no masking; compression is off on
-    these servers), without its per-frame objects and checks, which cost about a third of the
-    sync server's CPU per frame sent in the 5,000-client load test. Callers check that the
+    these servers), without its per-frame objects and checks (in a cProfile of the 5,000-client
+    load test, about 30% of the time spent sending a frame). Callers check that the
     connection is OPEN first, so nothing follows a close frame."""
     if isinstance(message, str):
         payload, opcode = message.encode(), 0x81
