@@ -29,7 +29,7 @@ What it guarantees:
   same batch size on this project's 2-core machine); on a GPU, :class:`BatchedEngine` (PyTorch).
 - **Warm-up.** :meth:`start` first runs a full batch of throwaway requests through every
   engine (``warm_up=False`` skips it): the first steps at a new batch size pay for allocations.
-- **CPU threads.** On a CPU the engine threads set torch's intra-op threads to ``cpu_threads``
+- **CPU threads.** On a CPU :meth:`start` sets torch's intra-op threads to ``cpu_threads``
   (default 1, process-wide; None leaves torch's setting), and the onnxruntime engine's session
   uses as many.
 - **Batching opt-out.** ``batch=False`` requests run in a separate lane (their own engine over
@@ -275,10 +275,6 @@ class _Lane:
 
     def _loop(self) -> None:
         svc = self.service
-        if self.engine.device.type == "cpu" and svc.cpu_threads:
-            # process-wide; on a small shared machine one intra-op thread beats two whose team
-            # stalls whenever another process takes a core
-            torch.set_num_threads(svc.cpu_threads)
         last = svc._cache_snapshot(self.engine)
         while not self.stopping:
             if not self.engine.has_work():
@@ -395,6 +391,10 @@ class DialogueService:
         if self._started:
             return
         self._loop = asyncio.get_running_loop()
+        if self.cpu_threads and self.engine.device.type == "cpu":
+            # process-wide; on a small shared machine one intra-op thread beats two whose team
+            # stalls whenever another process takes a core
+            torch.set_num_threads(self.cpu_threads)
         if self.warm_up:
             await asyncio.to_thread(self._warm_up)
         for lane in self._lanes.values():
@@ -410,8 +410,6 @@ class DialogueService:
                                               cat["intents"][0], {})
         for lane in self._lanes.values():
             eng = lane.engine
-            if self.cpu_threads and eng.device.type == "cpu":
-                torch.set_num_threads(self.cpu_threads)
             eng.generate([GenRequest(ids, seed=i, max_tokens=4, min_tokens=4) for i in range(eng.max_batch)])
 
     async def close(self) -> None:
