@@ -7,23 +7,10 @@ from typing import Any
 
 import pytest
 
-from plugin import Line, LineDropped, StateChanged, World, WorldError
+from plugin import LineDropped, StateChanged, World, WorldError
 
-# Locally this tree would turn 'friendly' as soon as a player is near: a remote NPC must not.
-SIMPLE = """
-<root BTCPP_format="4">
-  <BehaviorTree ID="Simple">
-    <ReactiveSequence>
-      <Script code="state := player_near ? 'friendly' : 'idle'"/>
-      <Sleep msec="1000"/>
-    </ReactiveSequence>
-  </BehaviorTree>
-</root>
-"""
-
-
-def lines(events: list[Any]) -> list[Line]:
-    return [e for e in events if isinstance(e, Line)]
+# Locally the SIMPLE tree turns 'friendly' as soon as a player is near: a remote NPC must not.
+from .test_world import SIMPLE, lines
 
 
 def state_changes(events: list[Any]) -> list[StateChanged]:

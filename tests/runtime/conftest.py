@@ -43,3 +43,14 @@ def build_tiny_model_dir(root: Path, *, seed: int = 0, vocab_size: int = 512, bl
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model_dir(tmp_path_factory.mktemp("tiny_flash"))
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models: one thread is as fast, and spinning worker threads crawl on a busy shared CPU."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

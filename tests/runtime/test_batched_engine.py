@@ -52,9 +52,7 @@ def test_weights_rebuilt_from_the_int4_graph_give_its_logits(tiny_model_dir, loa
     assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.9
 
 
-def test_engine_forward_gives_the_model_logits(loaded):
-    model, tok, _ = loaded
-    eng = engine(loaded, use_block_cache=False)
+def assert_forward_gives_model_logits(eng: BatchedEngine, model: Any, tok: Any) -> None:
     ids = prompts(tok, 1)[0]
     eng.submit(GenRequest(ids, max_tokens=2))
     new = eng._admit([])
@@ -62,6 +60,11 @@ def test_engine_forward_gives_the_model_logits(loaded):
         got, _ = eng._run(0, new)
         want = model(torch.tensor([ids])).logits[0, -1]
     assert torch.allclose(got[0], want, atol=1e-4)
+
+
+def test_engine_forward_gives_the_model_logits(loaded):
+    model, tok, _ = loaded
+    assert_forward_gives_model_logits(engine(loaded, use_block_cache=False), model, tok)
 
 
 def test_batched_lines_equal_single_request_lines_for_the_same_seed(loaded):
@@ -231,11 +234,5 @@ def test_the_shipped_int4_graph_rebuilds_to_its_own_logits():
 def test_a_qat_checkpoint_runs_with_its_int4_fake_quantized_weights(tiny_model_dir):
     model, tok, _ = load_flash(tiny_model_dir, checkpoint=tiny_model_dir.parent / "ckpt")
     model.set_qat(True)
-    eng = BatchedEngine(model, tok, max_batch=2, use_block_cache=False)
-    ids = prompts(tok, 1)[0]
-    eng.submit(GenRequest(ids, max_tokens=2))
-    new = eng._admit([])
-    with torch.no_grad():
-        got, _ = eng._run(0, new)
-        want = model(torch.tensor([ids])).logits[0, -1]
-    assert torch.allclose(got[0], want, atol=1e-4)
+    assert_forward_gives_model_logits(BatchedEngine(model, tok, max_batch=2, use_block_cache=False),
+                                      model, tok)

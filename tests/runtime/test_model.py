@@ -8,14 +8,7 @@ import torch.nn.functional as F
 from runtime.model import MLP, Flash, FlashConfig, MoE
 from runtime.quant import fake_quant_int4
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models: one thread is as fast, and spinning worker threads crawl on a busy shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def tiny_config(**overrides) -> FlashConfig:

@@ -23,13 +23,7 @@ TINY = FlashConfig(vocab_size=384, block_size=96, n_layer=2, n_head=2, n_embd=32
                    expert_hidden=32)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models: one thread is as fast, and spinning worker threads crawl on a busy shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
