@@ -29,7 +29,7 @@ from .protocol import (
     _int,
     _only,
     _str,
-    decode,
+    decode_validated,
     validate_message,
 )
 
@@ -225,11 +225,9 @@ def validate_dialogue_server(message: dict[str, Any]) -> dict[str, Any]:
 
 def decode_dialogue_client(frame: bytes | str) -> tuple[dict[str, Any], Codec]:
     """Decode and validate a frame the dialogue server received (ProtocolError if bad)."""
-    m, codec = decode(frame)
-    return validate_dialogue_client(m), codec
+    return decode_validated(frame, _CLIENT, "dialogue client to server")
 
 
 def decode_dialogue_server(frame: bytes | str) -> tuple[dict[str, Any], Codec]:
     """Decode and validate a frame a dialogue client received (ProtocolError if bad)."""
-    m, codec = decode(frame)
-    return validate_dialogue_server(m), codec
+    return decode_validated(frame, _SERVER, "dialogue server to client")

@@ -280,13 +280,18 @@ def validate_server(message: dict[str, Any]) -> dict[str, Any]:
     return validate_message(message, _SERVER, "server to client")
 
 
+def decode_validated(frame: bytes | str, table: dict[str, Any], direction: str
+                     ) -> tuple[dict[str, Any], Codec]:
+    """Decode ``frame`` and check it against ``table`` (see :func:`validate_message`)."""
+    m, codec = decode(frame)
+    return validate_message(m, table, direction), codec
+
+
 def decode_client(frame: bytes | str) -> tuple[dict[str, Any], Codec]:
     """Decode and validate a frame a server received."""
-    m, codec = decode(frame)
-    return validate_client(m), codec
+    return decode_validated(frame, _CLIENT, "client to server")
 
 
 def decode_server(frame: bytes | str) -> tuple[dict[str, Any], Codec]:
     """Decode and validate a frame a client received."""
-    m, codec = decode(frame)
-    return validate_server(m), codec
+    return decode_validated(frame, _SERVER, "server to client")
