@@ -33,19 +33,22 @@ def _reset_child(node: DecoratorNode) -> None:
     c.status = IDLE
 
 
-class Inverter(DecoratorNode):
-    """SUCCESS <-> FAILURE; RUNNING and SKIPPED pass through."""
+class _OutcomeMap(DecoratorNode):
+    """Maps a completed child's SUCCESS / FAILURE to ``on_success`` / ``on_failure`` (and
+    resets the child); RUNNING passes through; SKIPPED passes through with this node IDLE."""
 
     __slots__ = ()
+    on_success: Status = SUCCESS
+    on_failure: Status = FAILURE
 
     def tick(self) -> Status:
         st = self.child.tick()
         if st is SUCCESS:
             _reset_child(self)
-            st = FAILURE
+            st = self.on_success
         elif st is FAILURE:
             _reset_child(self)
-            st = SUCCESS
+            st = self.on_failure
         elif st is SKIPPED:
             self.status = IDLE
             return SKIPPED
@@ -53,38 +56,25 @@ class Inverter(DecoratorNode):
         return st
 
 
-class ForceSuccess(DecoratorNode):
+class Inverter(_OutcomeMap):
+    """SUCCESS <-> FAILURE; RUNNING and SKIPPED pass through."""
+
+    __slots__ = ()
+    on_success, on_failure = FAILURE, SUCCESS
+
+
+class ForceSuccess(_OutcomeMap):
     """A completed child (SUCCESS or FAILURE) becomes SUCCESS."""
 
     __slots__ = ()
-
-    def tick(self) -> Status:
-        st = self.child.tick()
-        if st is SUCCESS or st is FAILURE:
-            _reset_child(self)
-            st = SUCCESS
-        elif st is SKIPPED:
-            self.status = IDLE
-            return SKIPPED
-        self.status = st
-        return st
+    on_success, on_failure = SUCCESS, SUCCESS
 
 
-class ForceFailure(DecoratorNode):
+class ForceFailure(_OutcomeMap):
     """A completed child (SUCCESS or FAILURE) becomes FAILURE."""
 
     __slots__ = ()
-
-    def tick(self) -> Status:
-        st = self.child.tick()
-        if st is SUCCESS or st is FAILURE:
-            _reset_child(self)
-            st = FAILURE
-        elif st is SKIPPED:
-            self.status = IDLE
-            return SKIPPED
-        self.status = st
-        return st
+    on_success, on_failure = FAILURE, FAILURE
 
 
 class Repeat(DecoratorNode):
