@@ -265,13 +265,13 @@ class TreeDefinition:
 
 def _needs_setup(cls: type[TreeNode]) -> bool:
     """False when ``initial_state`` alone initialises the node (no Python call needed)."""
-    from .node import ControlNode, DecoratorNode
+    from .node import ParentNode
 
     setup = cls.setup
     if setup is TreeNode.setup:
         return False
-    if setup is ControlNode.setup or setup is DecoratorNode.setup:
-        return cls.reset_state not in (ControlNode.reset_state, DecoratorNode.reset_state)
+    if setup is ParentNode.setup:
+        return cls.reset_state is not ParentNode.reset_state
     return True
 
 

@@ -377,7 +377,22 @@ class AsyncAction(ActionNode):
         self.status = IDLE
 
 
-class ControlNode(TreeNode):
+class ParentNode(TreeNode):
+    """What controls and decorators share: progress they forget on halt."""
+
+    __slots__ = ()
+
+    def reset_state(self) -> None:
+        """Forget progress (called on halt): restores ``initial_state`` by default.
+        Override it (state that is not immutable) and it also runs at instantiation."""
+        for k, v in self.initial_state:
+            setattr(self, k, v)
+
+    def setup(self) -> None:
+        self.reset_state()
+
+
+class ControlNode(ParentNode):
     """A node with one or more children, ticked in an order the subclass defines."""
 
     __slots__ = ("children",)
@@ -392,17 +407,8 @@ class ControlNode(TreeNode):
         self.reset_state()
         self.status = IDLE
 
-    def reset_state(self) -> None:
-        """Forget progress (called on halt): restores ``initial_state`` by default.
-        Override it (state that is not immutable) and it also runs at instantiation."""
-        for k, v in self.initial_state:
-            setattr(self, k, v)
 
-    def setup(self) -> None:
-        self.reset_state()
-
-
-class DecoratorNode(TreeNode):
+class DecoratorNode(ParentNode):
     """A node with exactly one child."""
 
     __slots__ = ("child", "children")
@@ -420,15 +426,6 @@ class DecoratorNode(TreeNode):
         c.status = IDLE
         self.reset_state()
         self.status = IDLE
-
-    def reset_state(self) -> None:
-        """Forget progress (called on halt): restores ``initial_state`` by default.
-        Override it (state that is not immutable) and it also runs at instantiation."""
-        for k, v in self.initial_state:
-            setattr(self, k, v)
-
-    def setup(self) -> None:
-        self.reset_state()
 
 
 def halt_children(children: tuple[TreeNode, ...]) -> None:
