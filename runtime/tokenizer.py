@@ -203,16 +203,7 @@ class Tokenizer:
             if best is None:
                 break
             a, b = self.merges[best - self.byte_offset - 256]
-            merged: list[int] = []
-            i = 0
-            while i < len(ids):
-                if i + 1 < len(ids) and ids[i] == a and ids[i + 1] == b:
-                    merged.append(best)
-                    i += 2
-                else:
-                    merged.append(ids[i])
-                    i += 1
-            ids = merged
+            ids = _merge_pair(ids, a, b, best)
         if len(self._cache) > 100_000:
             self._cache.clear()
         self._cache[chunk] = ids
@@ -389,18 +380,24 @@ def train_tokenizer(texts: Iterable[str], catalog: Mapping, vocab_size: int = 20
                     del pair_counts[pair]
                 if pair != best and pair in where:
                     where[pair].discard(wi)
-            merged: list[int] = []
-            i = 0
-            while i < len(word):
-                if i + 1 < len(word) and word[i] == a and word[i + 1] == b:
-                    merged.append(new_id)
-                    i += 2
-                else:
-                    merged.append(word[i])
-                    i += 1
+            merged = _merge_pair(word, a, b, new_id)
             words[wi] = merged
             for pair in pairwise(merged):
                 pair_counts[pair] += f
                 where.setdefault(pair, set()).add(wi)
         pair_counts.pop(best, None)
     return Tokenizer(catalog, merges)
+
+
+def _merge_pair(ids: list[int], a: int, b: int, new: int) -> list[int]:
+    """``ids`` with every non-overlapping (a, b), left to right, replaced by ``new``."""
+    merged: list[int] = []
+    i, n = 0, len(ids)
+    while i < n:
+        if i + 1 < n and ids[i] == a and ids[i + 1] == b:
+            merged.append(new)
+            i += 2
+        else:
+            merged.append(ids[i])
+            i += 1
+    return merged

@@ -8,7 +8,13 @@ from typing import Any
 import pytest
 
 from behavior_tree import Factory, Status, Tree
-from behavior_tree.demo import example_path, guard_scenario, register_generic_nodes, run_demo
+from behavior_tree.demo import (
+    GUARD_START,
+    example_path,
+    guard_scenario,
+    register_generic_nodes,
+    run_demo,
+)
 
 
 class Game:
@@ -39,15 +45,6 @@ class Game:
         return self.tree.blackboard.get(key)
 
 
-GUARD_START = {
-    "hostile_near": False,
-    "player_near": False,
-    "is_night": False,
-    "on_duty": True,
-    "alarms": 0,
-    "state": "idle",
-    "location": "barracks",
-}
 
 
 # --------------------------------------------------------------------------- run_demo
