@@ -30,8 +30,7 @@ from typing import Any
 from runtime.dialogue_service import Busy, DialogueLine, DialogueService, SessionNotFound
 
 from .dialogue_protocol import DIALOGUE_PROTOCOL_VERSION, decode_dialogue_client
-from .gate import GateConn, GatedServer, ws_frame
-from .gc_policy import GcPolicy
+from .gate import GateConfig, GateConn, GatedServer, ws_frame
 from .protocol import Codec, encode
 from .ws_io import WsServerConnection
 
@@ -41,21 +40,13 @@ log = logging.getLogger("flashnpc.server_sync.dialogue")
 
 
 @dataclass
-class DialogueConfig:
-    secret: bytes
-    host: str = "127.0.0.1"
+class DialogueConfig(GateConfig):
+    """The gate's settings (:class:`server_sync.gate.GateConfig`) plus the dialogue limits."""
+
     port: int = 8767
-    http_port: int | None = 8768  # None: no HTTP side port
-    max_frame: int = 4096
-    rate_per_s: float = 20.0
-    rate_burst: float = 40.0
-    max_outbound_bytes: int = 256 * 1024
-    hello_timeout_s: float = 5.0
+    http_port: int | None = 8768
     max_sessions_per_conn: int = 64
     max_inflight_per_conn: int = 16
-    listen_backlog: int = 4096
-    gc_freeze_every_s: float = 1.0  # server_sync.gc_policy; 0 disables it
-    gc_sweep_every_s: float = 300.0
 
 
 @dataclass(eq=False)
@@ -73,9 +64,9 @@ class DialogueServer(GatedServer):
     protocol_version = DIALOGUE_PROTOCOL_VERSION
 
     def __init__(self, service: DialogueService, config: DialogueConfig) -> None:
-        super().__init__()
+        super().__init__(config)
         self.service = service
-        self.config = config
+        self.config: DialogueConfig = config
         self.conns: set[_Conn] = set()  # authenticated connections
         self.messages: Counter[str] = Counter()
         self.busy_total = 0
@@ -84,8 +75,6 @@ class DialogueServer(GatedServer):
         self._sid_prefix = f"d{id(self):x}-"
         self._next_sid = 0
         self._http_runner: Any = None
-        # thousands of connections' objects: the sync server's GC policy (server_sync.gc_policy)
-        self.gc = GcPolicy(config.gc_freeze_every_s, config.gc_sweep_every_s)
         self._gc_task: asyncio.Task[None] | None = None
         self.http_port: int | None = None
 

@@ -14,7 +14,8 @@ Both run on :mod:`server_sync.ws_io` and share one gate (:class:`GatedServer`):
 
 A server subclasses :class:`GatedServer` and supplies its codec (``decode``), protocol version,
 per-connection state (``new_conn``) and what happens on ``welcome``, each later message
-(``handle``), ``bye`` and close (``closed``).
+(``handle``), ``bye`` and close (``closed``). The gate also owns the process's
+:class:`~server_sync.gc_policy.GcPolicy` (``self.gc``): thousands of connections' objects.
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from websockets.exceptions import ConnectionClosed
 
 from .auth import verify_token
+from .gc_policy import GcPolicy
 from .protocol import Codec, ProtocolError, encode
 from .ws_io import WsServer, WsServerConnection, ws_serve
 
@@ -89,18 +91,24 @@ class RateBucket:
         self.tokens -= 1.0
 
 
-class GateConfig(Protocol):
-    """The config fields the gate reads (both servers' config dataclasses have them)."""
+@dataclass
+class GateConfig:
+    """What both servers' configs hold (they subclass it and set their own ports)."""
 
     secret: bytes
-    host: str
-    port: int
-    max_frame: int
-    rate_per_s: float
-    rate_burst: float
-    max_outbound_bytes: int
-    hello_timeout_s: float
-    listen_backlog: int
+    host: str = "127.0.0.1"  # loopback unless told otherwise
+    port: int = 0
+    http_port: int | None = None  # None: no HTTP side port
+    max_frame: int = 4096  # inbound frame limit (bytes); websockets closes with 1009 past it
+    rate_per_s: float = 20.0
+    rate_burst: float = 40.0
+    max_outbound_bytes: int = 256 * 1024
+    hello_timeout_s: float = 5.0
+    listen_backlog: int = 4096  # a reconnect storm must not overflow the accept queue
+    # Garbage collection (server_sync.gc_policy): survivors frozen every `gc_freeze_every_s`,
+    # one full sweep every `gc_sweep_every_s`; 0 disables both.
+    gc_freeze_every_s: float = 1.0
+    gc_sweep_every_s: float = 300.0
 
 
 @dataclass(eq=False)
@@ -118,11 +126,12 @@ class GatedServer:
     """The shared connection handling (see the module docstring); a
     :class:`server_sync.ws_io.ServerHandler`."""
 
-    config: GateConfig
     protocol_name = "protocol"
     protocol_version = 1
 
-    def __init__(self) -> None:
+    def __init__(self, config: GateConfig) -> None:
+        self.config = config
+        self.gc = GcPolicy(config.gc_freeze_every_s, config.gc_sweep_every_s)
         self.errors: Counter[str] = Counter()
         self.bytes_out = 0
         self.frames_out = 0

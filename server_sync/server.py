@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .core import Session, SyncCore
-from .gate import GateConn, GatedServer, RateBucket, close_with, ws_frame
-from .gc_policy import GcPolicy
+from .gate import GateConfig, GateConn, GatedServer, RateBucket, close_with, ws_frame
 from .persistence import Store
 from .protocol import PROTOCOL_VERSION, Codec, decode_client
 from .world import SyncWorld
@@ -38,27 +37,17 @@ log = logging.getLogger("flashnpc.server_sync")
 
 
 @dataclass
-class ServerConfig:
-    secret: bytes
-    host: str = "127.0.0.1"
+class ServerConfig(GateConfig):
+    """The gate's settings (:class:`server_sync.gate.GateConfig`) plus the world's."""
+
     port: int = 8765
-    http_port: int | None = 8766  # None: no HTTP side port
+    http_port: int | None = 8766
     tick_hz: float = 20.0
     radius: float = 100.0
     ring_size: int = 64
     grace_s: float = 30.0
-    max_frame: int = 4096
-    rate_per_s: float = 20.0
-    rate_burst: float = 40.0
-    max_outbound_bytes: int = 256 * 1024
-    hello_timeout_s: float = 5.0
     snapshot_every_s: float = 60.0
     admin_token: str | None = None
-    listen_backlog: int = 4096  # a reconnect storm must not overflow the accept queue
-    # Garbage collection (server_sync.gc_policy): survivors frozen every `gc_freeze_every_s`,
-    # one full sweep every `gc_sweep_every_s`; 0 disables both.
-    gc_freeze_every_s: float = 1.0
-    gc_sweep_every_s: float = 300.0
 
 
 class SyncServer(GatedServer):
@@ -67,8 +56,8 @@ class SyncServer(GatedServer):
     protocol_version = PROTOCOL_VERSION
 
     def __init__(self, world: SyncWorld, config: ServerConfig, store: Store | None = None) -> None:
-        super().__init__()
-        self.config = config
+        super().__init__(config)
+        self.config: ServerConfig = config
         self.core = SyncCore(world, radius=config.radius, ring_size=config.ring_size,
                              grace_s=config.grace_s, store=store,
                              snapshot_every_s=config.snapshot_every_s)
@@ -76,7 +65,6 @@ class SyncServer(GatedServer):
         self.conns: dict[str, WsServerConnection] = {}  # player -> its live connection
         self.tick_seconds = 0.0  # duration of the last tick (world step to frames written)
         self.tick_history: deque[float] = deque(maxlen=4096)
-        self.gc = GcPolicy(config.gc_freeze_every_s, config.gc_sweep_every_s)
         self.tick_overruns = 0
         self.started_at = time.time()
         self.last_tick_error: tuple[float, str] | None = None
