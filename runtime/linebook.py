@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import itertools
 import random
 import re
 from collections.abc import Iterator, Sequence
@@ -38,11 +37,19 @@ from runtime.paths import DEFAULT_LINE_BOOK_DIR
 DEFAULT_PATH = DEFAULT_LINE_BOOK_DIR
 
 # group names with built-in meaning; every other [group] is an archetype voice group
-BUILTIN_GROUPS = ("lead", "coda", "reply", "mood", "ctx", "tag")
+BUILTIN_GROUPS = ("lead", "coda", "reply", "mood", "ctx", "tag", "own")
 TONES = ("calm", "urgent")
 _SLOT_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _WORD_RE = re.compile(r"[A-Za-z']+")
+# a word as the decoding constraints count it (runtime.constraints._WORD), on lower-cased text
+_VOCAB_WORD_RE = re.compile(r"[a-z]+(?:'[a-z]+)?")
+
+
+def _words(text: str) -> list[str]:
+    """The words of ``text`` as the vocabulary and the signatures count them (lower case)."""
+    return _VOCAB_WORD_RE.findall(text.lower())
+
 
 
 class LineBookError(ValueError):
@@ -61,11 +68,23 @@ class Example:
     """One expanded training line and the prompt it answers."""
 
     archetype: str
-    persona: tuple[str, ...]  # sorted persona trait names (1-2 traits)
+    persona: tuple[str, ...]  # sorted persona trait names (0-2 traits)
     state: str
     intent: str
-    context: tuple[tuple[str, str], ...]  # sorted (slot, value) pairs of closed-vocabulary context
+    context: tuple[tuple[str, str], ...]  # sorted (slot, value) pairs: any subset of the slots
     text: str  # the line; may contain free-text slot markers such as {player}
+
+
+@dataclass(frozen=True)
+class LintProblem:
+    """An expanded line that reads as a template artifact, and the fragments it came from."""
+
+    text: str
+    problem: str
+    sources: tuple[str, ...]  # "file:line" of each fragment drawn, in order
+
+    def __str__(self) -> str:
+        return f"{', '.join(self.sources)}: {self.problem}: {self.text!r}"
 
 
 @dataclass(frozen=True)
@@ -274,6 +293,7 @@ class _Pattern:
     weight: int
     tones: tuple[str, ...]
     where: _Where
+    refs: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -295,6 +315,7 @@ _MAP_SECTIONS = (
     "replies",
     "fallbacks",
     "phrases",
+    "own_lines",
     "expansion",
 )
 _LIST_SECTIONS = ("slots", "banned_words", "compose", "heldout_pairs")
@@ -317,7 +338,9 @@ class LineBook:
         self._read_catalog(raw)
         self._read_fragments(raw)
         self._check_references()
+        self._check_implies()
         self._examples: list[Example] | None = None
+        self._signatures: dict[str, list[str]] | None = None
 
     # -------------------------------------------------------------- reading
 
@@ -537,18 +560,27 @@ class LineBook:
             self._check_slots(self._codas[name], self._state_slots[name])
         # context fragments
         self._ctx_frags: dict[tuple[str, str], dict[str, list[_Source]]] = {}
+        self._implies: dict[tuple[str, str], list[str]] = {}
         for slot in self.context:
             rd, node, f = self._context_nodes[slot]
             for vname, _vkey, vnode in rd.mapping(node, f):
                 vf = f"{f}.{vname}"
                 if isinstance(vnode, yaml.ScalarNode) and vnode.tag.endswith(":null"):
                     self._ctx_frags[(slot, vname)] = {t: [] for t in TONES}
+                    self._implies[(slot, vname)] = []
                     continue
-                for k, knode, _v in rd.mapping(vnode, vf):
-                    if k not in (*TONES, "description"):
+                implies: list[str] = []
+                for k, knode, v in rd.mapping(vnode, vf):
+                    if k == "implies":
+                        implies = [" ".join(_words(rd.string(item, f"{vf}.implies[{i}]")))
+                                   for i, item in enumerate(rd.seq(v, f"{vf}.implies"))]
+                        if not all(implies):
+                            raise rd.fail(v, f"{vf}.implies", "an entry has no words")
+                    elif k not in (*TONES, "description"):
                         raise rd.fail(
-                            knode, f"{vf}.{k}", "unknown field; known: description, calm, urgent"
+                            knode, f"{vf}.{k}", "unknown field; known: description, implies, calm, urgent"
                         )
+                self._implies[(slot, vname)] = implies
                 self._ctx_frags[(slot, vname)] = self._tone_lists(rd, vnode, vf, set())
         # archetypes: slots, voice groups, tags
         self._voice: dict[str, dict[str, list[_Source]]] = {}
@@ -600,6 +632,24 @@ class LineBook:
             srcs = self._templates(rd, value, f)
             self._check_slots(srcs, set())
             self._phrases[name] = srcs
+        # own lines: archetype -> state -> templates in that archetype's voice
+        self._own: dict[tuple[str, str], list[_Source]] = {}
+        for rd, arch, key, value in self._entries(raw, "own_lines"):
+            f = f"own_lines.{arch}"
+            if arch not in self.archetypes:
+                raise rd.fail(key, f, _unknown("archetype", arch, self.archetypes))
+            for state, skey, snode in rd.mapping(value, f):
+                if state not in self.states:
+                    raise rd.fail(skey, f"{f}.{state}", _unknown("state", state, self.states))
+                srcs = self._templates(rd, snode, f"{f}.{state}")
+                self._check_slots(srcs, self._state_slots[state] | self._arch_slots[arch])
+                for src in srcs:
+                    bad = src.refs - set(self._voice[arch])
+                    if bad:
+                        raise src.where.error(
+                            f"own lines may only use the archetype's voice groups; [{sorted(bad)[0]}] is not one"
+                        )
+                self._own[(arch, state)] = srcs
         # replies: state -> intent -> templates
         self._replies: dict[tuple[str, str], list[_Source]] = {}
         for rd, state, key, value in self._entries(raw, "replies"):
@@ -641,8 +691,8 @@ class LineBook:
                 src = self._template(rd, fields["pattern"][1], f"{f}.pattern")
                 if src.slots:
                     raise src.where.error("a compose pattern may not use slots")
-                if not src.refs & {"lead", "coda", "reply"}:
-                    raise src.where.error("a compose pattern must use [lead], [coda] or [reply]")
+                if not src.refs & {"lead", "coda", "reply", "own"}:
+                    raise src.where.error("a compose pattern must use [lead], [coda], [reply] or [own]")
                 weight = (
                     rd.integer(fields["weight"][1], f"{f}.weight", 1, 1000)
                     if "weight" in fields
@@ -658,7 +708,7 @@ class LineBook:
                                 f"{f}.tones",
                                 f"unknown tone {t!r}; known: {list(TONES)}",
                             )
-                self._patterns.append(_Pattern(src.template, weight, tones, src.where))
+                self._patterns.append(_Pattern(src.template, weight, tones, src.where, src.refs))
         if not self._patterns:
             raise LineBookError(self._first_file, 1, "compose", "required section is missing")
         for tone in TONES:
@@ -742,7 +792,8 @@ class LineBook:
                                 f"but archetype {arch!r} does not define it"
                             )
         # fragments that are drawn inside other fragments must not recurse into lead/reply
-        for srcs in [*self._leads.values(), *self._codas.values(), *self._replies.values()]:
+        for srcs in [*self._leads.values(), *self._codas.values(), *self._replies.values(),
+                     *self._own.values()]:
             for src in srcs:
                 bad = src.refs & {"lead", "coda", "reply", "tag"}
                 if bad:
@@ -754,6 +805,30 @@ class LineBook:
                 for src in srcs:
                     if src.refs:
                         raise src.where.error("voice and phrase fragments may not reference groups")
+
+    def _check_implies(self) -> None:
+        """A context value's ``implies`` phrases may only be said by that value's fragments:
+        a lead, reply, own line or another value's fragment that says "tonight" would tell a
+        player at noon that it is night."""
+        phrases = [(tuple(p.split()), key) for key, ps in self._implies.items() for p in ps]
+        if not phrases:
+            return
+        tagged = [(src, arch, None) for src in self._general_sources() for arch in (None,)]
+        for tag, srcs in self._tag_sources().items():
+            owner = tuple(tag.split(":", 1)[1].split("=")) if tag.startswith("context:") else None
+            tagged += [(src, arch, owner) for src, arch in srcs]
+        for src, arch, owner in tagged:
+            for text in self._texts(src.template, arch, limit=64):
+                for piece in text.split("\n"):
+                    words = _words(piece)
+                    for phrase, key in phrases:
+                        if key == owner:
+                            continue
+                        n = len(phrase)
+                        if any(tuple(words[i:i + n]) == phrase for i in range(len(words) - n + 1)):
+                            raise src.where.error(
+                                f"says {' '.join(phrase)!r}, which asserts {key[0]}={key[1]} "
+                                f"(context.{key[0]}.{key[1]}.implies): only that value's fragments may say it")
 
     # -------------------------------------------------------------- public API
 
@@ -844,14 +919,32 @@ class LineBook:
             results = [r + o for r in results for o in options][:limit]
         yield from results
 
+    def _usable(self, pattern: _Pattern, arch: str, state: str, tone: str,
+                persona: tuple[str, ...], ctx: dict[str, str]) -> bool:
+        """Whether every group the pattern draws has something to say for this prompt: a
+        prompt without persona gets no [mood] pattern, one without context no [ctx]."""
+        refs = pattern.refs
+        if "mood" in refs and not any(self._moods[t][tone] for t in persona):
+            return False
+        if "ctx" in refs and not any(self._ctx_frags[(k, v)][tone] for k, v in ctx.items()):
+            return False
+        if "own" in refs and not self._own.get((arch, state)):
+            return False
+        return not ("tag" in refs and not self._tags[arch][tone])
+
+    def lint(self) -> list[LintProblem]:
+        """Lines the expansion drew and dropped as template artifacts (:func:`lint_line`, or the
+        player named twice), each with the fragments it was made of: what a writer should fix."""
+        self.examples()
+        return list(self._lint_log)
+
     def _expand_all(self) -> Iterator[Example]:
+        self._lint_log: list[LintProblem] = []
         text_state: dict[str, tuple[str, str, str]] = {}
-        ctx_slots = list(self.context)
         for arch in self.archetypes:
             for state in self.states:
                 tone = self._state_tone[state]
                 patterns = [p for p in self._patterns if tone in p.tones]
-                cum_weights = list(itertools.accumulate(p.weight for p in patterns))
                 for intent in self.intents:
                     rng = random.Random(f"{self.seed}:{arch}:{state}:{intent}")
                     seen: set[str] = set()
@@ -859,12 +952,20 @@ class LineBook:
                     while len(seen) < self.per_condition and attempts < self.per_condition * 8:
                         attempts += 1
                         persona = self._draw_persona(rng)
-                        ctx = {slot: rng.choice(self.context[slot]) for slot in ctx_slots}
-                        pattern = rng.choices(patterns, cum_weights=cum_weights)[0]
+                        ctx = self._draw_context(rng)
+                        usable = [p for p in patterns if self._usable(p, arch, state, tone, persona, ctx)]
+                        pattern = rng.choices(usable, weights=[p.weight for p in usable])[0]
                         env = _Env(self, arch, state, intent, tone, persona, ctx, rng)
                         text = _normalize("".join(env.expand(pattern.template)))
                         n_words = len(text.split())
-                        if text in seen or not self.min_words <= n_words <= self.max_words:
+                        problem = lint_line(text) or (
+                            "names the player twice" if env.addressed > 1 else None)
+                        if problem is not None:
+                            self._lint_log.append(LintProblem(
+                                text, problem, tuple(f"{w.file}:{w.line}" for w in
+                                                     dict.fromkeys(src.where for src in env.sources))))
+                        if (text in seen or problem is not None
+                                or not self.min_words <= n_words <= self.max_words):
                             continue
                         other = text_state.get(text)
                         if other is not None and other[0] != state:
@@ -885,8 +986,12 @@ class LineBook:
                         )
 
     def _draw_persona(self, rng: random.Random) -> tuple[str, ...]:
+        """0, 1 or 2 compatible traits (a quarter of prompts carry none)."""
+        r = rng.random()
+        if r < 0.25:
+            return ()
         first = rng.choice(self.persona_traits)
-        if rng.random() < 0.5:
+        if r < 0.65:
             return (first,)
         others = [
             t for t in self.persona_traits if t != first and t not in self._trait_excludes[first]
@@ -895,17 +1000,135 @@ class LineBook:
             return (first,)
         return tuple(sorted((first, rng.choice(others))))
 
+    def _draw_context(self, rng: random.Random) -> dict[str, str]:
+        """Any subset of the context slots: all of them for about a third of prompts, else
+        each slot with probability one half (so no slot at all about one prompt in twenty)."""
+        every = rng.random() < 0.3
+        return {slot: rng.choice(values) for slot, values in self.context.items()
+                if every or rng.random() < 0.5}
+
+    # -------------------------------------------------------------- what the book can say
+
+    def vocabulary(self) -> list[str]:
+        """Every word the book's lines and fallbacks say (lower case, sorted): the words the
+        decoding constraints let a model complete."""
+        words: set[str] = set()
+        for e in self.examples():
+            words.update(_words(_SLOT_RE.sub(" ", e.text)))
+        for lines in self.fallback_lines().values():
+            for line in lines:
+                words.update(_words(_SLOT_RE.sub(" ", line)))
+        return sorted(words)
+
+    def _texts(self, template: _Template, arch: str | None, limit: int = 256) -> list[str]:
+        """Up to ``limit`` expansions of a template, every alternative in turn; a group reference
+        becomes the archetype's voice (``arch``) or, without one, a break (``"\n"``) that no
+        phrase crosses."""
+        results = [""]
+        for part in template:
+            if isinstance(part, str):
+                options = [part]
+            elif part[0] == "slot":
+                options = ["\n"]
+            elif part[0] == "ref":
+                group = self._voice[arch].get(part[1], []) if arch is not None else []
+                options = [t for src in group for t in self._texts(src.template, arch, limit)] or ["\n"]
+            else:
+                options = [t for alt in part[1] for t in self._texts(alt, arch, limit)]
+            results = [r + o for r in results for o in options][:limit]
+        return results
+
+    def _tag_sources(self) -> dict[str, list[tuple[_Source, str | None]]]:
+        """Each tag's own fragments, with the archetype whose voice fills their references."""
+        out: dict[str, list[tuple[_Source, str | None]]] = {}
+        for arch in self.archetypes:
+            srcs = [(s, arch) for g in self._voice[arch].values() for s in g]
+            srcs += [(s, arch) for t in TONES for s in self._tags[arch][t]]
+            srcs += [(s, arch) for st in self.states for s in self._own.get((arch, st), [])]
+            out[f"archetype:{arch}"] = srcs
+        for trait in self.persona_traits:
+            out[f"persona:{trait}"] = [(s, None) for t in TONES for s in self._moods[trait][t]]
+        for (slot, value), frags in self._ctx_frags.items():
+            out[f"context:{slot}={value}"] = [(s, None) for t in TONES for s in frags[t]]
+        return out
+
+    def _general_sources(self) -> list[_Source]:
+        """Fragments that belong to no archetype, trait or context value."""
+        srcs = [s for group in (self._leads, self._codas, self._replies, self._phrases,
+                                self._fallbacks) for v in group.values() for s in v]
+        return srcs + [s for v in self._fallback_overrides.values() for s in v]
+
+    @staticmethod
+    def _ngrams(texts: Sequence[str], n_max: int = 3) -> set[tuple[str, ...]]:
+        grams: set[tuple[str, ...]] = set()
+        for text in texts:
+            for piece in text.split("\n"):
+                words = _words(piece)
+                for n in range(1, n_max + 1):
+                    grams.update(tuple(words[i:i + n]) for i in range(len(words) - n + 1))
+        return grams
+
+    def signatures(self) -> dict[str, list[str]]:
+        """Phrases (1-3 lower-case words) that voice one tag and nothing else in the book.
+
+        Tags: ``archetype:NAME`` (its voice groups, signature tags and own lines),
+        ``persona:NAME`` (its mood fragments) and ``context:SLOT=VALUE`` (its fragments, plus
+        the value's declared ``implies`` phrases). A phrase is a signature of a tag when its
+        fragments say it, no other tag's fragments nor any general fragment (leads, codas,
+        replies, phrase groups, fallbacks) do, and no expanded line says it without the tag in
+        its prompt; only minimal phrases are kept (none contains a shorter signature). The decoding constraints ban the signatures of every tag a request
+        did not ask for; ``flashnpc eval`` counts them to tell what a line voices.
+        """
+        if self._signatures is not None:
+            return {k: list(v) for k, v in self._signatures.items()}
+        tag_grams = {tag: self._ngrams([t for src, arch in srcs for t in self._texts(src.template, arch)])
+                     for tag, srcs in self._tag_sources().items()}
+        general = self._ngrams([t for src in self._general_sources() for t in self._texts(src.template, None)])
+        owners: dict[tuple[str, ...], int] = {}
+        for grams in tag_grams.values():
+            for g in grams:
+                owners[g] = owners.get(g, 0) + 1
+        candidates = {tag: {g for g in grams if owners[g] == 1 and g not in general}
+                      for tag, grams in tag_grams.items()}
+        # a phrase some line says without its tag in the prompt (pieces of two fragments
+        # meeting, "After that," + "the ...") does not voice the tag
+        owner_of = {g: tag for tag, grams in candidates.items() for g in grams}
+        for e in self.examples():
+            tags = {f"archetype:{e.archetype}", *(f"persona:{t}" for t in e.persona),
+                    *(f"context:{k}={v}" for k, v in e.context)}
+            for g in self._ngrams([_SLOT_RE.sub("\n", e.text)]) & owner_of.keys():
+                if owner_of[g] not in tags:
+                    candidates[owner_of[g]].discard(g)
+        out: dict[str, list[str]] = {}
+        for tag, own in candidates.items():
+            minimal = sorted(
+                (g for g in own if not any(g[i:j] in own for i in range(len(g))
+                                           for j in range(i + 1, len(g) + 1) if (i, j) != (0, len(g)))),
+                key=lambda g: (len(g), g))
+            out[tag] = [" ".join(g) for g in minimal]
+        for (slot, value), phrases in self._implies.items():
+            tag = f"context:{slot}={value}"
+            out[tag] = sorted(set(out.get(tag, [])) | set(phrases), key=lambda p: (len(p.split()), p))
+        self._signatures = out
+        return {k: list(v) for k, v in out.items()}
+
+    def implied(self) -> dict[tuple[str, str], list[str]]:
+        """Each context value's declared ``implies`` phrases (lower-case words)."""
+        return {k: list(v) for k, v in self._implies.items()}
+
 
 class _Env:
     """Resolves groups for one sampled line; the drawn persona and context decide fragments."""
 
     __slots__ = (
+        "addressed",
         "arch",
         "book",
         "ctx",
         "intent",
         "persona",
         "rng",
+        "sources",
         "state",
         "tone",
         "used",
@@ -927,6 +1150,8 @@ class _Env:
         self.tone, self.persona, self.ctx, self.rng = tone, persona, ctx, rng
         self.voice: dict[str, _Source] = {}
         self.used: set[int] = set()
+        self.addressed = 0  # how often the line names the player ({player} or [address])
+        self.sources: list[_Source] = []
 
     def expand(self, template: _Template) -> list[str]:
         out: list[str] = []
@@ -937,11 +1162,13 @@ class _Env:
             kind, value = part
             if kind == "slot":
                 out.append("{" + value + "}")
+                self.addressed += value == "player"
             elif kind == "alt":
                 out.extend(self.expand(self.rng.choice(value)))
             else:
                 src = self._pick(value)
                 if src is not None:
+                    self.sources.append(src)
                     out.extend(self.expand(src.template))
         return out
 
@@ -956,6 +1183,8 @@ class _Env:
             options = book._replies[(self.state, self.intent)]
         elif group == "tag":
             options = book._tags[self.arch][self.tone]
+        elif group == "own":
+            options = book._own.get((self.arch, self.state), [])
         elif group == "mood":
             options = [s for t in self.persona for s in book._moods[t][self.tone]]
         elif group == "ctx":
@@ -977,6 +1206,7 @@ class _Env:
             return choice
         else:
             # one address / place / ... per line: a speaker does not switch names mid-line
+            self.addressed += group == "address"
             if group not in self.voice:
                 self.voice[group] = rng.choice(book._voice[self.arch][group])
             return self.voice[group]
@@ -994,6 +1224,34 @@ def _normalize(text: str) -> str:
     text = _SPACE_PUNCT_RE.sub(r"\1", text)
     text = re.sub(r",([.!?])", r"\1", text)
     return _SENTENCE_RE.sub(lambda m: m.group(1) + m.group(2).upper(), text)
+
+
+_DOUBLED_RE = re.compile(r"\b(\w+) \1\b", re.IGNORECASE)
+_A_AN_RE = re.compile(r"\b(a|an) ([A-Za-z]+)", re.IGNORECASE)
+_PUNCT_RE = re.compile(r"[,;:] ?[,.!?;:]|[!?] ?[.,;:]|(?<!\.)\.\.(?!\.)|\. ?[,;:!?]|\s[,.!?;:]")
+_AN_WORDS = ("hour", "honest", "honor", "honour", "heir", "herb")
+_A_WORDS = ("one", "once", "use", "usu", "uni", "eur", "ewe")
+
+
+def lint_line(text: str) -> str | None:
+    """Why an expanded line reads as a template artifact, or None: a doubled word ("the the"),
+    "a" before a vowel or "an" before a consonant, doubled or clashing punctuation (",,",
+    "!.", ",.", "..", a space before a mark). Expansion drops such lines; :meth:`LineBook.lint`
+    lists them with the fragments they came from."""
+    m = _DOUBLED_RE.search(text)
+    if m:
+        return f"doubled word {m.group(1)!r}"
+    for m in _A_AN_RE.finditer(text):
+        art, word = m.group(1).lower(), m.group(2).lower()
+        vowel = word[0] in "aeiou"
+        if art == "a" and vowel and not word.startswith(_A_WORDS):
+            return f"'a' before a vowel: {m.group(0)!r}"
+        if art == "an" and not vowel and not word.startswith(_AN_WORDS):
+            return f"'an' before a consonant: {m.group(0)!r}"
+    m = _PUNCT_RE.search(text)
+    if m:
+        return f"punctuation glitch {m.group(0)!r}"
+    return None
 
 
 def _unknown(kind: str, value: str, known: Sequence[str]) -> str:

@@ -91,15 +91,33 @@ def test_lines_are_short_clean_and_use_only_allowed_slots(
         assert set(SLOT_RE.findall(e.text)) <= allowed_cache[key], e
 
 
-def test_examples_carry_sorted_persona_and_full_context(
+def test_examples_carry_sorted_persona_and_any_subset_of_the_context(
     book: LineBook, examples: list[Example]
 ) -> None:
     for e in examples[::97]:
-        assert 1 <= len(e.persona) <= 2
+        assert 0 <= len(e.persona) <= 2
         assert list(e.persona) == sorted(e.persona)
         assert all(t in book.persona_traits for t in e.persona)
-        assert [k for k, _ in e.context] == sorted(book.context)
+        keys = [k for k, _ in e.context]
+        assert keys == sorted(keys) and set(keys) <= set(book.context)
         assert all(v in book.context[k] for k, v in e.context)
+    # every prompt shape the games send is trained: 0, 1 and 2 traits; 0 to 4 context slots
+    assert {len(e.persona) for e in examples} == {0, 1, 2}
+    assert {len(e.context) for e in examples} == set(range(len(book.context) + 1))
+
+
+def test_a_prompt_without_a_slot_gets_no_line_that_voices_it(
+    book: LineBook, examples: list[Example]
+) -> None:
+    sig = book.signatures()
+    for e in examples[::13]:
+        asked = {f"context:{k}={v}" for k, v in e.context} | {f"persona:{t}" for t in e.persona}
+        words = " ".join(re.findall(r"[a-z]+(?:'[a-z]+)?", e.text.lower()))
+        for tag, phrases in sig.items():
+            if tag.startswith("archetype:") or tag in asked:
+                continue
+            hit = [p for p in phrases if re.search(rf"(?<![a-z']){re.escape(p)}(?![a-z'])", words)]
+            assert not hit, (e, tag, hit)
 
 
 def test_context_fragments_match_the_example_context(examples: list[Example]) -> None:
