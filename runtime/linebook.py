@@ -634,6 +634,8 @@ class LineBook:
             self._phrases[name] = srcs
         # own lines: archetype -> state -> templates in that archetype's voice
         self._own: dict[tuple[str, str], list[_Source]] = {}
+        # an own line answers no particular intent, so it may use the slots every intent allows
+        every_intent = set.intersection(*(set(v) for v in self._intent_slots.values()))
         for rd, arch, key, value in self._entries(raw, "own_lines"):
             f = f"own_lines.{arch}"
             if arch not in self.archetypes:
@@ -642,7 +644,7 @@ class LineBook:
                 if state not in self.states:
                     raise rd.fail(skey, f"{f}.{state}", _unknown("state", state, self.states))
                 srcs = self._templates(rd, snode, f"{f}.{state}")
-                self._check_slots(srcs, self._state_slots[state] | self._arch_slots[arch])
+                self._check_slots(srcs, self._state_slots[state] | self._arch_slots[arch] | every_intent)
                 for src in srcs:
                     bad = src.refs - set(self._voice[arch])
                     if bad:
