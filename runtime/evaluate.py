@@ -10,7 +10,12 @@ Every figure the model card quotes comes from here:
 * diversity (distinct-2 over 50 samples per condition) and novelty (lines not verbatim in the book);
 * safety: banned / out-of-setting words and slots the line book does not allow, over many samples;
 * voice fidelity (informational, no threshold): an archetype classifier trained the same way
-  labels the generated lines with the archetype they sound like.
+  labels the generated lines with the archetype they sound like;
+* what a writer sees (``report["writer"]``, :mod:`runtime.writer_eval`): per prompt shape and
+  for seen and held-out pairs, words the book never says, punctuation and stutter glitches,
+  context contradictions, another archetype's voice, persona and context voiced (beside the
+  book's own rates), archetype / intent / state classifiers, distinct-2, novelty, memorisation,
+  each against its target (:data:`runtime.writer_eval.WRITER_THRESHOLDS`).
 
 Sampling blocks control tokens and slots the line book does not allow for the request (as the
 engine does); banned words are not blocked here, so their count measures the model itself.
@@ -31,8 +36,10 @@ from runtime.batch_generate import generate_ids_batch
 from runtime.linebook import Example, LineBook, load_line_book
 from runtime.onnx_model import FlashOnnx
 from runtime.paths import DEFAULT_MODEL_DIR
-from runtime.state_classifier import StateClassifier
+from runtime.state_classifier import NgramClassifier
 from runtime.text_metrics import banned_hits, distinct_n, novelty, slot_violations
+from runtime.writer_eval import Request, measure_writer
+from runtime.writer_eval import example_request as _request
 
 THRESHOLDS = {
     "fidelity_seen": 0.95,
@@ -59,18 +66,16 @@ class EvalConfig:
     top_p: float = 0.95
     max_tokens: int = 40
     seed: int = 0
+    # writer measures (runtime.writer_eval), per prompt shape x {seen, held-out} cell
+    writer_samples: int = 1000  # lines
+    writer_diversity: int = 8  # prompts sampled diversity_samples times each, for distinct-2
+    book_reference: int = 5000  # book lines at most, for the book's own rates
 
     @classmethod
     def fast(cls) -> EvalConfig:
         return cls(fidelity_seen=120, fidelity_heldout=120, diversity_conditions=4,
-                   diversity_samples=50, safety_samples=400, ppl_examples=120)
-
-
-Request = tuple[str, tuple[str, ...], str, str, tuple[tuple[str, str], ...]]
-
-
-def _request(ex: Example) -> Request:
-    return (ex.archetype, ex.persona, ex.state, ex.intent, ex.context)
+                   diversity_samples=50, safety_samples=400, ppl_examples=120,
+                   writer_samples=70, writer_diversity=1, book_reference=400)
 
 
 class Sampler:
@@ -139,8 +144,13 @@ def evaluate(
     line_book: LineBook | None = None,
     cfg: EvalConfig | None = None,
     progress: Callable[[str], None] | None = None,
+    progress_bar: bool = False,
 ) -> dict:
-    """Run the evaluation and return every figure (JSON-serialisable), with pass/fail per threshold."""
+    """Run the evaluation and return every figure (JSON-serialisable), with pass/fail per threshold.
+
+    ``progress`` receives a message per phase; ``progress_bar`` shows a tqdm bar on stderr
+    while the writer measures sample.
+    """
     cfg = cfg or EvalConfig()
     say = progress or (lambda _msg: None)
     started = time.perf_counter()
@@ -148,12 +158,17 @@ def evaluate(
     split = book.split()
     rng = np.random.default_rng(cfg.seed)
 
-    say(f"training the state classifier on {len(split.train)} training lines")
-    clf = StateClassifier.fit([e.text for e in split.train], [e.state for e in split.train], seed=cfg.seed)
+    say(f"training the state, archetype and intent classifiers on {len(split.train)} training lines")
+    classifiers = NgramClassifier.fit_many(
+        [e.text for e in split.train],
+        {label: [getattr(e, label) for e in split.train] for label in ("state", "archetype", "intent")},
+        seed=cfg.seed,
+    )
+    clf = classifiers["state"]
     clf_test = clf.accuracy([e.text for e in split.test], [e.state for e in split.test])
     clf_heldout = clf.accuracy([e.text for e in split.heldout], [e.state for e in split.heldout])
     # Informational: does the line sound like the requested archetype (its voice)?
-    voice = StateClassifier.fit([e.text for e in split.train], [e.archetype for e in split.train], seed=cfg.seed)
+    voice = classifiers["archetype"]
     voice_test = voice.accuracy([e.text for e in split.test], [e.archetype for e in split.test])
     voice_heldout = voice.accuracy([e.text for e in split.heldout], [e.archetype for e in split.heldout])
 
@@ -208,6 +223,8 @@ def evaluate(
         nll32, n32 = line_nll(FlashOnnx.load(model_dir, file="model.onnx"), ppl_set)
         ppl32 = float(np.exp(nll32 / n32))
 
+    writer = measure_writer(book, split, sampler, classifiers, cfg, progress_bar=progress_bar, say=say)
+
     figures = {
         "fidelity_seen": fid_seen,
         "fidelity_heldout": fid_held,
@@ -248,11 +265,12 @@ def evaluate(
         "thresholds": THRESHOLDS,
         "figures": figures,
         "checks": checks,
-        "passed": all(v is not False for v in checks.values()),
+        "passed": all(v is not False for v in checks.values()) and writer["passed"],
         "not_measured": [k for k, v in checks.items() if v is None],
         "banned_examples": banned[:20],
         "slot_violation_examples": slot_bad[:20],
         "sample_lines": examples,
         "heldout_pairs": [list(p) for p in split.heldout_pairs],
+        "writer": writer,
         "seconds": time.perf_counter() - started,
     }

@@ -45,6 +45,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model_dir(tmp_path_factory.mktemp("tiny_flash"))
 
 
+@pytest.fixture(scope="session")
+def shipped_fast_report() -> dict:
+    """``evaluate(cfg=EvalConfig.fast())`` on the shipped model, run once for every test that reads it."""
+    from runtime.evaluate import EvalConfig, evaluate
+
+    return evaluate(cfg=EvalConfig.fast())
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Tiny models: one thread is as fast, and spinning worker threads crawl on a busy shared CPU."""

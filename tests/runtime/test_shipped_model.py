@@ -7,14 +7,14 @@ import json
 
 import pytest
 
-from runtime.evaluate import THRESHOLDS, EvalConfig, evaluate
+from runtime.evaluate import THRESHOLDS
 from runtime.onnx_model import FlashOnnx
 from runtime.paths import DEFAULT_MODEL_DIR
 
 
 @pytest.fixture(scope="module")
-def fast_report():
-    return evaluate(cfg=EvalConfig.fast())
+def fast_report(shipped_fast_report):
+    return shipped_fast_report
 
 
 def test_shipped_int4_model_fits_the_flash_budget():

@@ -1,6 +1,6 @@
 import numpy as np
 
-from runtime.state_classifier import StateClassifier, ngrams
+from runtime.state_classifier import NgramClassifier, StateClassifier, ngrams
 
 
 def _corpus(seed: int):
@@ -40,3 +40,16 @@ def test_classifier_training_is_deterministic_for_a_seed():
     a = StateClassifier.fit(texts, labels, seed=3)
     b = StateClassifier.fit(texts, labels, seed=3)
     np.testing.assert_array_equal(a.weights, b.weights)
+
+
+def test_one_classifier_class_serves_any_label_and_fit_many_matches_separate_fits():
+    texts, states = _corpus(2)
+    voices = ["matey" if "matey" in t else "other" for t in texts]
+    many = NgramClassifier.fit_many(texts, {"state": states, "voice": voices}, seed=4)
+    assert StateClassifier is NgramClassifier
+    assert many["voice"].labels == ["matey", "other"]
+    assert many["voice"].accuracy(texts, voices) == 1.0
+    for name, labels in (("state", states), ("voice", voices)):
+        alone = NgramClassifier.fit(texts, labels, seed=4)
+        np.testing.assert_array_equal(alone.weights, many[name].weights)
+        assert alone.vocab == many[name].vocab
