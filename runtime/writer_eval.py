@@ -439,25 +439,25 @@ def _target(figure: str, side: str) -> str:
 def format_writer_table(writer: Mapping[str, Any]) -> str:
     """The writer figures as two readable tables (seen and held-out pairs), in percent."""
     shapes = list(writer["cells"])
+    width = 16  # "100.0 (100.0) !" and a space
     out = []
     for side in SIDES:
-        head = f"{'writer figures, ' + side + ' pairs (%)':32s}" + "".join(f"{s:>14s}" for s in shapes)
-        out += [head + f"  {'target':>14s}", "-" * (len(head) + 16)]
+        head = f"{'writer figures, ' + side + ' pairs (%)':32s}" + "".join(f"{s:>{width - 2}s}  " for s in shapes)
+        out += [head + f"{'target':>15s}", "-" * (len(head) + 15)]
         out.append(f"{'lines per shape':32s}" + "".join(
-            f"{writer['cells'][s][side]['lines']:>14d}" for s in shapes))
+            f"{writer['cells'][s][side]['lines']:>{width - 2}d}  " for s in shapes))
         for figure, label in FIGURES:
             row = f"{label:32s}"
             for shape in shapes:
                 cell = writer["cells"][shape][side]
                 value, book = _lookup(cell["model"], figure), _lookup(cell["book"], figure)
-                ok = cell["checks"].get(figure)
                 text = _pct(value) + (f" ({_pct(book)})" if book is not None else "")
-                row += f"{text + (' !' if ok is False else '  '):>14s}"
-            out.append(row + f"  {_target(figure, side):>14s}")
+                row += f"{text:>{width - 2}s}" + (" !" if cell["checks"].get(figure) is False else "  ")
+            out.append(row + f"{_target(figure, side):>15s}")
         out.append("")
     out.append("(book's own figure on its lines of the same shape in brackets; ! misses its target; "
                "- not applicable)")
-    return "\n".join(out)
+    return "\n".join(line.rstrip() for line in out)
 
 
 def _lookup(figures: Mapping[str, Any], name: str) -> float | None:
