@@ -46,6 +46,14 @@ _WORD_RE = re.compile(r"[A-Za-z']+")
 _VOCAB_WORD_RE = re.compile(r"[a-z]+(?:'[a-z]+)?")
 
 
+# words too common to tell a tag apart on their own: a signature needs one other word
+_COMMON = frozenset("""a an the and or but so if as at by for from in into of off on onto out over to
+up with i i'm i've i'll me my mine we we're us our you you're your yours he she it it's its they
+them their this that these those is are was were be been am do does did have has had not no
+now here there then what who how why oh ah eh well just all too very can can't will won't
+""".split())
+
+
 def _words(text: str) -> list[str]:
     """The words of ``text`` as the vocabulary and the signatures count them (lower case)."""
     return _VOCAB_WORD_RE.findall(text.lower())
@@ -1090,7 +1098,8 @@ class LineBook:
         for grams in tag_grams.values():
             for g in grams:
                 owners[g] = owners.get(g, 0) + 1
-        candidates = {tag: {g for g in grams if owners[g] == 1 and g not in general}
+        candidates = {tag: {g for g in grams if owners[g] == 1 and g not in general
+                            and not _COMMON.issuperset(g)}
                       for tag, grams in tag_grams.items()}
         # a phrase some line says without its tag in the prompt (pieces of two fragments
         # meeting, "After that," + "the ...") does not voice the tag

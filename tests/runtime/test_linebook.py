@@ -121,16 +121,16 @@ def test_a_prompt_without_a_slot_gets_no_line_that_voices_it(
 
 
 def test_context_fragments_match_the_example_context(examples: list[Example]) -> None:
-    # "Snow again, look." is written only for weather=snow; "Stars are out." only for night.
+    # "Snow again, look." is written only for weather=snow; "Quiet night so far." only for night.
     snow = [e for e in examples if "Snow again, look." in e.text]
-    night = [e for e in examples if "Stars are out." in e.text]
+    night = [e for e in examples if "Quiet night so far." in e.text]
     assert snow and night
     assert all(dict(e.context)["weather"] == "snow" for e in snow)
     assert all(dict(e.context)["time_of_day"] == "night" for e in night)
 
 
 def test_persona_fragments_match_the_example_persona(examples: list[Example]) -> None:
-    pious = [e for e in examples if "Praise the dawn-father." in e.text]
+    pious = [e for e in examples if "Blessings upon you." in e.text]
     assert pious
     assert all("pious" in e.persona for e in pious)
 
