@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from runtime.paths import DEFAULT_LINE_BOOK_DIR
+from runtime.text_metrics import glitches
 
 DEFAULT_PATH = DEFAULT_LINE_BOOK_DIR
 
@@ -47,11 +48,7 @@ _VOCAB_WORD_RE = re.compile(r"[a-z]+(?:'[a-z]+)?")
 
 
 # words too common to tell a tag apart on their own: a signature needs one other word
-_COMMON = frozenset("""a an the and or but so if as at by for from in into of off on onto out over to
-up with i i'm i've i'll me my mine we we're us our you you're your yours he she it it's its they
-them their this that these those is are was were be been am do does did have has had not no
-now here there then what who how why oh ah eh well just all too very can can't will won't
-""".split())
+_COMMON = frozenset(["a", "an", "the", "and", "or", "but", "so", "if", "as", "at", "by", "for", "from", "in", "into", "of", "off", "on", "onto", "out", "over", "to", "up", "with", "i", "i'm", "i've", "i'll", "me", "my", "mine", "we", "we're", "us", "our", "you", "you're", "your", "yours", "he", "she", "it", "it's", "its", "they", "them", "their", "this", "that", "these", "those", "is", "are", "was", "were", "be", "been", "am", "do", "does", "did", "have", "has", "had", "not", "no", "now", "here", "there", "then", "what", "who", "how", "why", "oh", "ah", "eh", "well", "just", "all", "too", "very", "can", "can't", "will", "won't"])
 
 
 def _words(text: str) -> list[str]:
@@ -1237,32 +1234,14 @@ def _normalize(text: str) -> str:
     return _SENTENCE_RE.sub(lambda m: m.group(1) + m.group(2).upper(), text)
 
 
-_DOUBLED_RE = re.compile(r"\b(\w+) \1\b", re.IGNORECASE)
-_A_AN_RE = re.compile(r"\b(a|an) ([A-Za-z]+)", re.IGNORECASE)
-_PUNCT_RE = re.compile(r"[,;:] ?[,.!?;:]|[!?] ?[.,;:]|(?<!\.)\.\.(?!\.)|\. ?[,;:!?]|\s[,.!?;:]")
-_AN_WORDS = ("hour", "honest", "honor", "honour", "heir", "herb")
-_A_WORDS = ("one", "once", "use", "usu", "uni", "eur", "ewe")
-
-
 def lint_line(text: str) -> str | None:
-    """Why an expanded line reads as a template artifact, or None: a doubled word ("the the"),
-    "a" before a vowel or "an" before a consonant, doubled or clashing punctuation (",,",
-    "!.", ",.", "..", a space before a mark). Expansion drops such lines; :meth:`LineBook.lint`
-    lists them with the fragments they came from."""
-    m = _DOUBLED_RE.search(text)
-    if m:
-        return f"doubled word {m.group(1)!r}"
-    for m in _A_AN_RE.finditer(text):
-        art, word = m.group(1).lower(), m.group(2).lower()
-        vowel = word[0] in "aeiou"
-        if art == "a" and vowel and not word.startswith(_A_WORDS):
-            return f"'a' before a vowel: {m.group(0)!r}"
-        if art == "an" and not vowel and not word.startswith(_AN_WORDS):
-            return f"'an' before a consonant: {m.group(0)!r}"
-    m = _PUNCT_RE.search(text)
-    if m:
-        return f"punctuation glitch {m.group(0)!r}"
-    return None
+    """Why an expanded line reads as a template artifact, or None: the first of the glitches
+    :func:`runtime.text_metrics.glitches` finds (doubled punctuation, a doubled word, "a" before
+    a vowel, ...; not "stutter", which is about words outside the book), the same measure
+    ``flashnpc eval`` applies to model lines. Expansion drops
+    such lines; :meth:`LineBook.lint` lists them with the fragments they came from."""
+    found = [k for k in glitches(text) if k != "stutter"]  # the book's own words are words
+    return found[0].replace("_", " ") if found else None
 
 
 def _unknown(kind: str, value: str, known: Sequence[str]) -> str:

@@ -59,11 +59,26 @@ def slot_violations(text: str, allowed: set[str]) -> set[str]:
 # A "word" here is what the line book's vocabulary counts: lower-cased ``[a-z]+`` with an inner
 # apostrophe; ``{slot}`` markers are not words (and no phrase runs across one).
 
-GLITCH_KINDS = ("double_punct", "double_word", "stutter", "space_before_punct", "lowercase_start")
+GLITCH_KINDS = ("double_punct", "double_word", "stutter", "space_before_punct", "lowercase_start",
+                "a_an")
 _PUNCT_RUN = re.compile(r"[.,!?;:](?:\s*[.,!?;:])+")
 _SPACE_PUNCT = re.compile(r"\s[.,!?;:]")
 _LOWER_START = re.compile(r"(?:^|[.!?]\s+)[a-z]")
 _REPEATED_CHUNK = re.compile(r"([a-z]{2,})\1|([a-z])\2\2")
+_A_AN = re.compile(r"\b(a|an) ([a-z]+)")
+_AN_BEFORE = ("hour", "honest", "honor", "honour", "heir", "herb")  # a silent h
+_A_BEFORE = ("one", "once", "use", "usu", "uni", "eur", "ewe")  # a vowel letter, a consonant sound
+
+
+def _a_an_wrong(text: str) -> bool:
+    for m in _A_AN.finditer(text.lower()):
+        art, word = m.group(1), m.group(2)
+        vowel = word[0] in "aeiou"
+        if art == "a" and vowel and not word.startswith(_A_BEFORE):
+            return True
+        if art == "an" and not vowel and not word.startswith(_AN_BEFORE):
+            return True
+    return False
 
 
 def words(text: str) -> list[str]:
@@ -89,7 +104,9 @@ def glitches(text: str, vocabulary: Collection[str] = ()) -> list[str]:
       ``"moooor"``); words the book says (``"murmur"``, ``"mmm"``) never count;
     * ``space_before_punct``: a space before ``. , ! ? ; :``;
     * ``lowercase_start``: the line or a sentence (after ``. ! ?`` and a space) starts with a
-      lower-case letter.
+      lower-case letter;
+    * ``a_an``: "a" before a vowel or "an" before a consonant ("a oaf", "an wretch"), save the
+      usual exceptions ("an hour", "a one").
     """
     found = set()
     if any(run.group(0) != "..." for run in _PUNCT_RUN.finditer(text)):
@@ -103,6 +120,8 @@ def glitches(text: str, vocabulary: Collection[str] = ()) -> list[str]:
         found.add("space_before_punct")
     if _LOWER_START.search(text):
         found.add("lowercase_start")
+    if _a_an_wrong(text):
+        found.add("a_an")
     return [k for k in GLITCH_KINDS if k in found]
 
 

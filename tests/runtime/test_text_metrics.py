@@ -65,7 +65,9 @@ def test_words_are_lower_case_and_leave_slot_markers_out():
     ("Halt ! Who goes there?", ["space_before_punct"]),
     ("halt! Who goes there?", ["lowercase_start"]),
     ("Halt! who goes there?", ["lowercase_start"]),
-    ("Halt,, the the woororor , gate. who", list(GLITCH_KINDS)),
+    ("Halt! I've a oaf for a son.", ["a_an"]),
+    ("Halt! An hour, a one-eyed rogue, an oaf.", []),
+    ("Halt,, the the woororor , gate. who is a oaf", list(GLITCH_KINDS)),
 ])
 def test_glitches_name_each_kind_once(text, kinds):
     assert glitches(text, VOCAB) == kinds
