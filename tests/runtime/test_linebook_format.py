@@ -248,3 +248,90 @@ def test_same_text_for_two_states_is_an_error(tmp_path: Path) -> None:
 def test_missing_path(tmp_path: Path) -> None:
     with pytest.raises(LineBookError, match="no such file or directory"):
         load_line_book(tmp_path / "nope.yaml")
+
+
+OWN = MINI.replace("compose:\n", """own_lines:
+  guard:
+    idle: ["Gate's shut, [address], and I lean on it."]
+    alert: ["Who's at the gate?"]
+  sailor:
+    idle: ["Nets mended, ropes coiled."]
+compose:
+  - pattern: "[own] [reply]"
+    weight: 50
+""")
+
+
+def test_own_lines_speak_in_their_archetype_and_state_only(tmp_path: Path) -> None:
+    examples = load_line_book(write(tmp_path, OWN)).examples()
+    for e in examples:
+        if "Gate's shut" in e.text:
+            assert (e.archetype, e.state) == ("guard", "idle")
+            assert "matey" not in e.text and "{player}" not in e.text  # one address per line
+        if "Nets mended" in e.text:
+            assert (e.archetype, e.state) == ("sailor", "idle")
+    assert any("Gate's shut" in e.text for e in examples)
+    # sailor has no alert own line: the [own] pattern is never drawn for it
+    assert not any(e.text.startswith("Who's at the gate?") for e in examples if e.archetype == "sailor")
+
+
+@pytest.mark.parametrize(("patch", "field", "problem"), [
+    ('  sailor:\n    idle: ["Nets mended, ropes coiled."]', "own_lines.sailor.rest",
+     "unknown state 'rest'"),
+    ('  sailor:\n    idle: ["Nets mended, ropes coiled."]', "own_lines.sailor.idle[0]",
+     "archetype's voice groups"),
+])
+def test_own_line_errors_name_file_line_and_field(tmp_path: Path, patch: str, field: str,
+                                                   problem: str) -> None:
+    bad = ('  sailor:\n    rest: ["Nets."]' if "rest" in field
+           else '  sailor:\n    idle: ["Nets [way]."]')
+    with pytest.raises(LineBookError) as info:
+        load_line_book(write(tmp_path, OWN.replace(patch, bad)))
+    assert info.value.field == field and problem in info.value.problem
+    assert info.value.line > 1
+
+
+def test_a_context_word_outside_its_value_is_an_error_naming_the_fragment(tmp_path: Path) -> None:
+    text = MINI.replace('rain:\n      calm: ["It is raining."]',
+                        'rain:\n      implies: [raining, wet]\n      calm: ["It is raining."]')
+    load_line_book(write(tmp_path, text))  # the value's own fragment may say it
+    leak = text.replace('codas: ["So (dull|slow)."]', 'codas: ["So (dull|wet)."]')
+    with pytest.raises(LineBookError) as info:
+        load_line_book(write(tmp_path, leak))
+    assert info.value.field == "states.idle.codas[0]"
+    assert "asserts weather=rain" in info.value.problem
+
+
+def test_every_prompt_shape_is_expanded_and_omitted_slots_are_never_voiced(tmp_path: Path) -> None:
+    examples = load_line_book(write(tmp_path, MINI)).examples()
+    assert {len(e.persona) for e in examples} == {0, 1}  # kind excludes gruff: no pair
+    assert {len(e.context) for e in examples} == {0, 1}
+    for e in examples:
+        if "Hmph." in e.text:
+            assert "gruff" in e.persona
+        if "raining" in e.text:
+            assert dict(e.context).get("weather") == "rain"
+
+
+def test_vocabulary_and_signatures_come_from_what_the_book_says(tmp_path: Path) -> None:
+    book = load_line_book(write(tmp_path, MINI))
+    vocab = book.vocabulary()
+    assert vocab == sorted(vocab) and {"halt", "citizen", "matey", "raining"} <= set(vocab)
+    assert "okay" not in vocab
+    sig = book.signatures()
+    assert "citizen" in sig["archetype:guard"] and "matey" in sig["archetype:sailor"]
+    assert "hmph" in sig["persona:gruff"]
+    assert "raining" in sig["context:weather=rain"]
+    assert sig["context:weather=clear"] == []
+    # words every tag shares are nobody's signature
+    assert not any("halt" in p.split() for ps in sig.values() for p in ps)
+
+
+def test_lint_names_the_fragments_of_a_dropped_artifact(tmp_path: Path) -> None:
+    text = MINI.replace('codas: ["So (dull|slow)."]', 'codas: ["So so dull."]')
+    book = load_line_book(write(tmp_path, text))
+    problems = [p for p in book.lint() if p.problem == "double word"]
+    assert problems
+    coda = f":{line_of(text, 'So so dull.')}"
+    assert all(any(s.endswith(coda) for s in p.sources) for p in problems)
+    assert not any("So so" in e.text for e in book.examples())
