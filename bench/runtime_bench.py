@@ -9,7 +9,10 @@ lines each per repetition, so the machine's noise hits them alike; figures are t
 ``--reps`` repetitions of each block's p50 / p99.
 
 Peers (all LineGenerator, same weights):
-  int4 sparse      the shipped graph (model.int4.onnx, QMoE: only the routed expert runs), cache on
+  int4 sparse      the shipped graph (model.int4.onnx, QMoE: only the routed expert runs), cache on,
+                   with the model's word constraints (vocabulary and signatures when it ships them)
+  no word cons.    the same, with the static banned words only (no vocabulary, no signatures):
+                   the cost of the word constraints is the ratio of the two
   fp32             model.onnx (fp32, sparse gather), cache on
   int4 dense       every expert computed for every token, then gated (built from --checkpoint)
   int4 no-cache    the shipped graph with the prefix KV cache off
@@ -34,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from runtime.constraints import WordConstraint
 from runtime.generator import LineGenerator, LineRequest
 from runtime.onnx_model import DEFAULT_MODEL_DIR, FlashOnnx
 
@@ -248,7 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         opts = {"min_mean_logprob": None} if args.accept_gibberish else {}
         base = LineGenerator.load(args.model, **opts)
-        peers = [Peer("int4 sparse", base)]
+        plain = LineGenerator.load(args.model, **opts)
+        plain.mask = WordConstraint(plain.banned_words, plain.tokenizer)  # banned words only
+        plain.mask.precompute()
+        peers = [Peer("int4 sparse", base), Peer("no word cons.", plain)]
         ckpt = find_checkpoint(args.model, args.checkpoint)
         if (args.model / "model.onnx").is_file():
             peers.append(Peer("fp32", LineGenerator.load(args.model, file="model.onnx", **opts)))
@@ -315,6 +322,13 @@ def main(argv: list[str] | None = None) -> int:
     for p in peers:
         print(f"{p.name:<16}{med(p.p50):>9.2f}{med(p.p99):>9.2f}{med(p.ttft):>10.2f}"
               f"{med(p.p50) / med(ref.p50):>12.2f}x{p.fallbacks:>11}")
+    plain_peer = next(p for p in peers if p.name == "no word cons.")
+    vocab = (f"vocabulary of {len(base.mask.vocabulary)} words, {len(base.mask.tags) - 3} signature tags"
+             if base.mask.vocabulary else "no vocabulary shipped")
+    print(f"\nword constraints ({vocab}): p50 {med(ref.p50):.2f} ms with vs {med(plain_peer.p50):.2f} ms without "
+          f"({med(ref.p50) / med(plain_peer.p50):.3f}x, +{100 * (med(ref.p50) / med(plain_peer.p50) - 1):.1f}% of a "
+          f"line); p99 {med(ref.p99):.2f} vs {med(plain_peer.p99):.2f} ms; fallbacks {ref.fallbacks} vs "
+          f"{plain_peer.fallbacks}")
     nocache = next(p for p in peers if p.name == "int4 no-cache")
     share = hit_tokens / prompt_tokens
     print(f"\nprefix cache: TTFT p50 {med(ref.ttft):.2f} ms on a hit vs {med(nocache.ttft):.2f} ms without "
@@ -332,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({
             "peers": {p.name: {"p50_ms": med(p.p50), "p99_ms": med(p.p99), "ttft_p50_ms": med(p.ttft),
                                "fallbacks": p.fallbacks} for p in peers},
+            "word_constraints_ratio": med(ref.p50) / med(plain_peer.p50),
             "prefix_share": share, "batch16_ms": many, "single16_ms": one,
             "iobinding_ms": bound_ms, "iobinding_prealloc_ms": prealloc_ms, "plain_ms": plain_ms, **fresh},
             indent=2))

@@ -118,7 +118,7 @@ def onnx_peer(model_dir: Path | None, tokens: int, seconds: float, why: str) -> 
 
 def banned_words(root: Path) -> list[str]:
     try:
-        return read_constraints(root)[0]
+        return read_constraints(root).banned_words
     except ImportError as exc:  # the line book needs pyyaml; a bare machine may lack it
         print(f"(banned-word masks off: {exc})", flush=True)
         return []

@@ -4,7 +4,9 @@ Prompts are grouped by length, so a batch never holds padding: every row of a gr
 same number of tokens and then decodes in lock step (:func:`runtime.onnx_model.decode_rows`)
 until all rows have emitted ``eos`` or ``max_tokens`` is reached; finished rows leave the batch.
 Each row samples with its own seeded generator, so a row's tokens do not depend on which other
-rows share its batch.
+rows share its batch. With ``words`` (a :class:`runtime.constraints.WordConstraint`) every row is
+masked as :class:`runtime.generator.LineGenerator` masks it: the same per-state masks, the last
+token of the budget ending the word, and a row whose every token is blocked stops there.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from runtime.constraints import WordConstraint, WordState
 from runtime.onnx_model import FlashOnnx, decode_rows
 from runtime.sampling import sample_next
 
@@ -29,16 +32,24 @@ def generate_ids_batch(
     top_k: int = 0,
     top_p: float = 0.95,
     batch_size: int = 64,
+    words: WordConstraint | None = None,
+    banned: Sequence[int | None] | None = None,
 ) -> list[list[int]]:
     """Sample a continuation for every prompt; returns the generated ids (without ``eos``).
 
     ``blocked[i]`` (optional) holds token ids prompt ``i`` may never emit: their logits are set
     to -inf before sampling, so constraints hold by construction rather than by filtering.
+    ``words`` (optional): the word constraints, applied as the line engine applies them, with
+    ``banned[i]`` the tags prompt ``i`` bans (:meth:`WordConstraint.banned_bits`; None or
+    omitted: the vocabulary and the static banned words). A row the constraints leave without
+    a token ends there (inside a word, its ids then end on an unfinished word).
     """
     if len(seeds) != len(prompts):
         raise ValueError(f"got {len(prompts)} prompts but {len(seeds)} seeds")
     if blocked is not None and len(blocked) != len(prompts):
         raise ValueError(f"got {len(prompts)} prompts but {len(blocked)} blocked-id sets")
+    if banned is not None and len(banned) != len(prompts):
+        raise ValueError(f"got {len(prompts)} prompts but {len(banned)} banned-tag sets")
     by_length: dict[int, list[int]] = defaultdict(list)
     for i, prompt in enumerate(prompts):
         by_length[len(prompt)].append(i)
@@ -50,7 +61,8 @@ def generate_ids_batch(
             generated = _generate_group(
                 model, [prompts[i] for i in chunk], [seeds[i] for i in chunk],
                 [blocked[i] for i in chunk] if blocked is not None else [None] * len(chunk),
-                max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, words=words,
+                banned=[banned[i] for i in chunk] if banned is not None else [None] * len(chunk),
             )
             for i, ids in zip(chunk, generated):
                 out[i] = ids
@@ -67,23 +79,33 @@ def _generate_group(
     temperature: float,
     top_k: int,
     top_p: float,
+    words: WordConstraint | None,
+    banned: Sequence[int | None],
 ) -> list[list[int]]:
     eos = model.tokenizer.eos_id
     rngs = [np.random.default_rng(s) for s in seeds]
     result: list[list[int]] = [[] for _ in prompts]
+    states = [WordState()] * len(prompts)
     if max_tokens <= 0:
         return result
     logits, past, _ = model.step(np.asarray(prompts, dtype=np.int64), None)
 
     def pick(r: int, row_logits: np.ndarray) -> tuple[int | None, bool]:
         ids_r = blocked[r]
-        if ids_r is not None and len(ids_r):
+        if words is not None or (ids_r is not None and len(ids_r)):
             row_logits = row_logits.copy()
+        if words is not None:
+            words.mask_logits(row_logits, states[r], last=len(result[r]) + 1 >= max_tokens, banned=banned[r])
+        if ids_r is not None and len(ids_r):
             row_logits[ids_r] = -np.inf
+        if words is not None and not np.isfinite(row_logits).any():
+            return None, False  # a dead end: the row stops
         nxt = sample_next(row_logits, rngs[r], temperature=temperature, top_k=top_k, top_p=top_p)
         if nxt == eos:
             return None, False
         result[r].append(nxt)
+        if words is not None:
+            states[r] = words.step(states[r], nxt)
         return nxt, len(result[r]) < max_tokens
 
     for _ in decode_rows(model, logits, past, len(prompts), pick):

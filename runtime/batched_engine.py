@@ -26,9 +26,11 @@ see :func:`load_flash`) over a continuously changing batch:
 
 Sampling has the semantics of :func:`runtime.sampling.sample_next` (temperature, top-k, top-p,
 greedy at temperature 0, the draw ``searchsorted(cdf, u * cdf[-1])`` over the id-ordered cdf)
-vectorised over the batch in float64, and the same masks as the client engine: banned words
-(:class:`runtime.constraints.BannedWordMask`), control tokens, per-request blocked slot tokens,
-``eos`` before ``min_tokens``. The uniform ``u`` of a row's ``n``-th token is a counter-based
+vectorised over the batch in float64, and the same masks as the client engine: the word
+constraints (:class:`runtime.constraints.WordConstraint`: vocabulary, banned words, the
+signatures of the tags a request did not ask for, built on the host per row and sent to the
+device once per step), control tokens, per-request blocked slot tokens, ``eos`` before
+``min_tokens``. The uniform ``u`` of a row's ``n``-th token is a counter-based
 hash of (request seed, n), so a request's line does not depend on which other requests share
 its batch: batched output equals single-request output for the same seed.
 """
@@ -52,7 +54,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from runtime.block_cache import BlockCache
-from runtime.constraints import BannedWordMask, WordState
+from runtime.constraints import WordConstraint, WordState
 from runtime.model import MLP, Flash, FlashConfig, MoE
 from runtime.paths import DEFAULT_MODEL_DIR
 from runtime.quant import fake_quant_int4
@@ -272,7 +274,9 @@ def sample_rows(logits: Tensor, u: Tensor, temperature: Tensor, top_k: Tensor, t
 class GenRequest:
     """One sequence to generate. ``ids``: the prompt (e.g. ``Tokenizer.encode_prompt``'s ids);
     ``seed`` (with ``attempt``) keys the sampling stream; ``blocked_tokens``: ids never to sample
-    (slot tokens the line may not use); ``on_token(token_id, time)``: called from the engine's
+    (slot tokens the line may not use); ``banned``: the tags whose phrases the line may not say
+    (:meth:`runtime.constraints.WordConstraint.banned_bits` of the request; None: the vocabulary
+    and the static banned words only); ``on_token(token_id, time)``: called from the engine's
     thread after each sampled token (streaming); ``tag``: anything, returned with the result."""
 
     ids: Sequence[int]
@@ -284,13 +288,15 @@ class GenRequest:
     top_k: int = 50
     top_p: float = 0.95
     blocked_tokens: Sequence[int] = ()
+    banned: int | None = None
     on_token: Callable[[int, float], None] | None = None
     tag: Any = None
 
 
 @dataclass
 class GenResult:
-    """A finished sequence. ``finish``: ``eos``, ``length``, ``cancelled`` or ``error``;
+    """A finished sequence. ``finish``: ``eos``, ``length``, ``cancelled``, ``error`` or
+    ``blocked`` (the word constraints left no token inside a word: a dead end);
     ``cached_tokens``: prompt tokens whose keys/values came from the block cache;
     ``token_times``: perf_counter time of each sampled token (for inter-token latency);
     ``router_confidence``: mean top-1 router probability of the decoded tokens' MoE layers;
@@ -372,7 +378,8 @@ class BatchedEngine:
                  dtype: str | torch.dtype | None = None, max_batch: int = 256,
                  max_prefill_tokens: int | None = None, block_cache: BlockCache | None = None,
                  use_block_cache: bool = True, block_tokens: int = 2, banned_words: Sequence[str] = (),
-                 cuda_graphs: bool = False, moe: str = "auto", namespace: str = "") -> None:
+                 words: WordConstraint | None = None, cuda_graphs: bool = False, moe: str = "auto",
+                 namespace: str = "") -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if moe not in ("auto", "loop", "grouped_mm"):
@@ -398,7 +405,7 @@ class BatchedEngine:
         self.lm_head = (fake_quant_int4(lm, cfg.quant_block) if cfg.qat else lm).to(device=dev, dtype=dtype)
         self.layers = [_Layer(b, cfg, dtype, dev) for b in model.transformer.h]
         self.n_moe = sum(1 for layer in self.layers if layer.moe is not None)
-        self._init_rows(max_batch, max_prefill_tokens, banned_words)
+        self._init_rows(max_batch, max_prefill_tokens, words or WordConstraint(banned_words, tokenizer))
         self.kv = torch.zeros((cfg.n_layer, 2, max_batch, self.n_head, cfg.block_size, self.head_dim),
                               dtype=dtype, device=dev)
         if block_cache is None and use_block_cache:
@@ -414,24 +421,22 @@ class BatchedEngine:
             log.warning("CUDA graphs need a CUDA device and grouped experts; running eagerly")
         self._graphs: dict[int, tuple[Callable[[], Any], Tensor, Tensor, Tensor]] = {}
 
-    def _init_rows(self, max_batch: int, max_prefill_tokens: int | None, banned_words: Sequence[str]) -> None:
+    def _init_rows(self, max_batch: int, max_prefill_tokens: int | None, words: WordConstraint) -> None:
         """The per-row decoding state every engine shares (needs ``config``, ``tokenizer`` and
-        ``device`` set): sampling masks, slot arrays, the waiting queue."""
-        cfg, tokenizer, dev = self.config, self.tokenizer, self.device
+        ``device`` set): sampling masks, slot arrays, the waiting queue. ``words`` may be shared
+        with other engines (it is thread-safe)."""
+        cfg, dev = self.config, self.device
         self.max_batch = max_batch
         self.max_prefill_tokens = max_prefill_tokens or max(256, max_batch)
         self.n_head, self.head_dim = cfg.n_head, cfg.n_embd // cfg.n_head
         self.block_size = cfg.block_size
         self.block_cache: BlockCache | None = None
-        self.banned = BannedWordMask(banned_words, tokenizer)
-        self.banned.precompute()
-        # banned-word states: ids, a lazily filled transition table [state, token] -> state (-1 =
-        # not computed yet) and their masks on the device (row 2 * state + last)
-        self._states: list[WordState] = []
-        self._state_ids: dict[WordState, int] = {}
-        self._trans = np.full((0, cfg.vocab_size), -1, dtype=np.int32)
-        self._mask_table = torch.zeros((0, cfg.vocab_size), dtype=torch.bool, device=dev)
-        self._state_id(WordState())
+        if words.tokenizer.vocab_size != cfg.vocab_size:
+            raise ValueError(f"word constraint vocab {words.tokenizer.vocab_size} != model vocab {cfg.vocab_size}")
+        self.words = words
+        words.precompute()
+        # the word constraints' masks of a step's rows, built on the host and sent over at once
+        self._word_mask = np.zeros((max_batch, cfg.vocab_size), dtype=bool)
         self._extra_block = torch.zeros((max_batch, cfg.vocab_size), dtype=torch.bool, device=dev)
         # per-slot decoding state (row i of the running batch is slot i)
         s = max_batch
@@ -442,7 +447,9 @@ class BatchedEngine:
         self._topk = np.zeros(s, dtype=np.int64)
         self._topp = np.zeros(s, dtype=np.float64)
         self._key = np.zeros(s, dtype=np.int64)
-        self._state = np.zeros(s, dtype=np.int64)
+        self._state = np.empty(s, dtype=object)  # word-constraint state per row
+        self._state[:] = [None] * s
+        self._banned = np.full(s, None, dtype=object)  # the request's banned tags
         self._lp = np.zeros(s, dtype=np.float64)
         self._conf = np.zeros(s, dtype=np.float64)
         self._next = np.zeros(s, dtype=np.int64)       # input token of the next decode step
@@ -451,9 +458,9 @@ class BatchedEngine:
         self._toks = np.zeros((s, cfg.block_size), dtype=np.int64)
         self._times = np.zeros((s, cfg.block_size), dtype=np.float64)
         self._slot_arrays = [self._n, self._budget, self._min, self._temp, self._topk, self._topp, self._key,
-                             self._state, self._lp, self._conf, self._next, self._pos, self._cb, self._toks,
-                             self._times]
-        self.eos = tokenizer.eos_id
+                             self._state, self._banned, self._lp, self._conf, self._next, self._pos, self._cb,
+                             self._toks, self._times]
+        self.eos = self.tokenizer.eos_id
         self._waiting: deque[_Seq] = deque()
         self._lock = threading.Lock()
         self.rows: list[_Seq] = []
@@ -464,12 +471,12 @@ class BatchedEngine:
     @classmethod
     def load(cls, model_dir: str | Path | None = None, *, checkpoint: str | Path | None = None,
              **options: Any) -> BatchedEngine:
-        """Load the model (see :func:`load_flash`) with the model directory's banned words."""
+        """Load the model (see :func:`load_flash`) with the model directory's word constraints."""
         from runtime.constraints import read_constraints
 
         model, tok, root = load_flash(model_dir, checkpoint=checkpoint)
-        banned, _ = read_constraints(root)
-        options.setdefault("banned_words", banned)
+        if "words" not in options and "banned_words" not in options:
+            options["words"] = read_constraints(root).word_constraint(tok)
         return cls(model, tok, **options)
 
     # ------------------------------------------------------------ requests
@@ -540,6 +547,8 @@ class BatchedEngine:
         tok = out[:, 0].astype(np.int64)
         cancelled = np.fromiter((s.cancelled for s in self.rows), dtype=bool, count=b)
         emit = ~cancelled & (tok >= 0) & (tok != self.eos)
+        # every token blocked inside a word: a dead end (at a word boundary it reads as eos)
+        stuck = (tok < 0) & np.fromiter((st.mode != 0 for st in self._state[:b]), dtype=bool, count=b)
         idx = np.nonzero(emit)[0]
         t_idx = tok[idx]
         n_idx = self._n[idx]
@@ -550,7 +559,9 @@ class BatchedEngine:
             self._conf[idx] += out[idx, 2]
         self._n[idx] = n_idx + 1
         self._next[idx] = t_idx
-        self._state[idx] = self._advance(self._state[idx], t_idx)
+        step = self.words.step
+        for i, t in zip(idx.tolist(), t_idx.tolist()):
+            self._state[i] = step(self._state[i], t)
         self.tokens_generated += len(idx)
         for i in idx[self._cb[idx]]:
             try:
@@ -559,7 +570,7 @@ class BatchedEngine:
                 log.exception("on_token callback failed")
         full = emit & (self._n[:b] >= self._budget[:b])
         for i in np.nonzero(~emit | full)[0]:
-            why = "cancelled" if cancelled[i] else ("length" if emit[i] else "eos")
+            why = "cancelled" if cancelled[i] else ("length" if emit[i] else "blocked" if stuck[i] else "eos")
             finished.append(self._result(int(i), why, now))
         self._compact(np.nonzero(emit & ~full)[0])
         return finished
@@ -612,7 +623,9 @@ class BatchedEngine:
         self._topk[sl] = [r.top_k for r in reqs]
         self._topp[sl] = [r.top_p for r in reqs]
         self._key[sl] = [seq.key for seq in new]
-        self._state[sl] = 0
+        for j in range(first_slot, first_slot + len(new)):
+            self._state[j] = WordState()  # (a tuple: a slice assignment would unpack it)
+        self._banned[sl] = [r.banned for r in reqs]
         self._lp[sl] = 0.0
         self._conf[sl] = 0.0
         self._pos[sl] = 0
@@ -885,38 +898,17 @@ class BatchedEngine:
 
     # ------------------------------------------------------------ sampling
 
-    def _state_id(self, state: WordState) -> int:
-        """The id of a banned-word state, registering it (and its two masks) on first sight."""
-        sid = self._state_ids.get(state)
-        if sid is None:
-            sid = len(self._states)
-            self._states.append(state)
-            self._state_ids[state] = sid
-            self._trans = np.concatenate([self._trans, np.full((1, self._trans.shape[1]), -1, np.int32)])
-            masks = np.stack([self.banned.blocked(state, last=False), self.banned.blocked(state, last=True)])
-            self._mask_table = torch.cat([self._mask_table, torch.tensor(masks, device=self.device)])
-        return sid
-
-    def _advance(self, states: np.ndarray, toks: np.ndarray) -> np.ndarray:
-        """Banned-word states after ``toks`` (vectorised through the transition table)."""
-        nxt = self._trans[states, toks].astype(np.int64)
-        for j in np.nonzero(nxt < 0)[0]:
-            st, tk = int(states[j]), int(toks[j])
-            if self._trans[st, tk] < 0:
-                self._trans[st, tk] = self._state_id(self.banned.step(self._states[st], tk))
-            nxt[j] = self._trans[st, tk]
-        return nxt
-
     def _sample(self, logits: Tensor) -> tuple[Tensor, Tensor]:
         """(token per row, -1 where every token is blocked; its log-probability)."""
         b = len(self.rows)
         dev = self.device
         n = self._n[:b]
-        host = np.stack([self._state[:b] * 2 + (n + 1 >= self._budget[:b]), n < self._min[:b], self._temp[:b],
+        host = np.stack([n + 1 >= self._budget[:b], n < self._min[:b], self._temp[:b],
                          self._topk[:b], self._topp[:b], n], axis=1).astype(np.float64)
+        self.words.fill_blocked(self._word_mask, self._state[:b], host[:, 0], self._banned[:b])
         keys = torch.as_tensor(self._key[:b], device=dev)
         hd = torch.as_tensor(host, device=dev)
-        blocked = self._mask_table[hd[:, 0].long()] | self._extra_block[:b]
+        blocked = torch.as_tensor(self._word_mask[:b], device=dev) | self._extra_block[:b]
         blocked[:, self.eos] |= hd[:, 1] > 0
         masked = logits.masked_fill(blocked, float("-inf"))
         alive = torch.isfinite(masked).any(dim=-1)

@@ -1,29 +1,57 @@
-"""Constraints on a generated line: banned words at the token level, slot filling, repeat memory.
+"""Constraints on a generated line: words and phrases at the token level, slot filling, repeat memory.
 
-Banned words are blocked while sampling, never filtered afterwards. A word is what
-:func:`runtime.text_metrics.banned_hits` calls a word (lower-cased ``[a-z]+`` with an inner
-apostrophe); a banned entry may be a phrase (``"train station"``): its words must follow one
-another, whatever punctuation sits between them. :class:`BannedWordMask` walks the text a
-candidate token would add from the current state (the partial word being spelled and the
-banned phrases under way) and blocks the token if it would *complete* a banned word at a word
-boundary. A token that ends exactly on a banned word (``" car"``) is allowed, because the next
-token may still extend it (``"t"`` -> ``"cart"``); the next token is then only allowed if it
-keeps spelling letters, and ``eos`` and the last token of the budget count as a boundary.
+Word constraints are applied while sampling, never by filtering afterwards.
+:class:`WordConstraint` reads the text a line spells the way :data:`_WORD` reads lower-cased
+text (``[a-z]+`` with at most one inner apostrophe: ``"don't"`` is one word, ``"dogs'"`` is
+``"dogs"``), with slot tokens (``{player}``) as word boundaries that no phrase runs across, and
+blocks every token that would
 
-Masks depend only on that small state, so each state's mask over the whole vocabulary is
-computed once (a few milliseconds) and memoised; a decode step costs one dictionary lookup.
+* **leave the vocabulary** (when the model ships one): every word the line completes must be a
+  vocabulary word, and the word being spelled must stay a prefix of one, so the token that
+  would leave the vocabulary's trie is the one blocked, not a later one. The end of the line
+  (``eos``, and the last token of the budget) ends the word being spelled. With a vocabulary,
+  characters outside printable ASCII are blocked too (the line book writes none, and some
+  non-ASCII letters lower-case to ASCII ones);
+* **complete a banned phrase**: phrases of 1+ words, matched on the line's word sequence
+  whatever punctuation sits between them. Every phrase carries *tag bits*: the static banned
+  words (``"car"``, ``"train station"``) carry the ``banned`` tag, the line book's signature
+  phrases the tag they voice (``archetype:guard``, ``persona:gruff``,
+  ``context:time_of_day=night``). A request bans a set of tags (:meth:`WordConstraint.banned_bits`:
+  the static words plus the signatures of every archetype, trait and context value it did not
+  ask for) and a token is blocked when a phrase it completes has a banned tag;
+* **lead into a dead end** (with a vocabulary, not at the end of the line): leave the word
+  being spelled where it could neither end (no word, or ending it completes a banned phrase)
+  nor go on to a word that is no banned single-word phrase. Dead ends this does not foresee
+  (phrases of several words further on, a budget too short to finish a word) leave every token
+  blocked; the engines then end the row (finish ``blocked``), show only its complete words
+  (:func:`settled_text`) and prefer another sample or a fallback line.
+
+A token that ends exactly on a banned word (``" car"``) is allowed, because the next token may
+still extend it (``"t"`` -> ``"cart"``); the next token is then only allowed if it keeps
+spelling letters.
+
+How it stays cheap: the text's state (:class:`WordState`: the vocabulary-trie node of the word
+being spelled and a word-level Aho-Corasick state of the phrases under way) never depends on
+the request. A state's mask is put together from memoised pieces: per mode a template over the
+token vocabulary; per trie node the few tokens that extend the word inside the vocabulary (from
+a table of every node's token leads built at load); the tokens whose fate depends on the
+request, grouped by their tags as Python ints, so that a request's part is a handful of bit
+tests (``hit & banned`` and, for the dead-end rule, ``need & ~banned``); and per request
+the template with the shared groups already applied. The pieces that depend on the phrase state
+are memoised by that state alone. Memos are bounded (least recently used first out).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -32,220 +60,865 @@ if TYPE_CHECKING:
 
 _WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
 _SLOT_MARKER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_DEAD = "\x00"  # the partial word can no longer become a banned word
+_SLOT_CHAR = "\x01"  # how a slot token reads: a word boundary standing for words no phrase holds
+_TAG_KEY = re.compile(r"(?:archetype|persona):[^\s:=]+|context:[^\s:=]+=[^\s:=]+")
+
+_DEAD = -1  # trie node of a word no tracked word starts with (only tracked without a vocabulary)
+_BOUNDARY, _LETTERS, _APOSTROPHE, _AFTER = 0, 1, 2, 3  # WordState.mode
+_VOCAB_TAG, _BANNED_TAG, _FREE_TAG = "vocabulary", "banned", "free"  # reserved tags; no request bans "free"
 
 
 def _is_letter(c: str) -> bool:
     return "a" <= c <= "z"
 
 
-@dataclass(frozen=True)
-class WordState:
-    """Where the text stands for banned-word purposes.
+class WordState(NamedTuple):
+    """Where a line's text stands for the word constraints (request-independent).
 
-    ``partial``: the word being spelled (lower case, possibly with an apostrophe), ``""`` at a
-    boundary, or a marker meaning it cannot become banned. ``phrases``: for each banned phrase
-    under way, ``(phrase index, words matched so far)``.
+    ``node``: the trie node of the word being spelled (0 at a word boundary; -1 for a word that
+    no tracked word starts with, which only happens without a vocabulary). ``mode``: 0 at a
+    boundary, 1 spelling letters, 2 right after an apostrophe that follows letters (the next
+    character decides whether it belongs to the word; ``node`` is the word before it), 3
+    spelling letters after that apostrophe (another apostrophe ends the word). ``phrase``: the
+    phrase automaton's state, the longest run of last completed words that begins a phrase.
     """
 
-    partial: str = ""
-    phrases: frozenset[tuple[int, int]] = frozenset()
+    node: int = 0
+    mode: int = 0
+    phrase: int = 0
 
 
-class BannedWordMask:
-    """Token masks that keep banned words and phrases out of generated text.
+_Group = tuple[int, int, np.ndarray]  # (hit tags, need tags, tokens)
 
-    ``words``: banned words or phrases (case-insensitive). ``tokenizer``: the model's
-    tokenizer. Always blocked too: control tokens other than ``eos`` and slot tokens, and tokens
-    holding ASCII control characters (newline, tab, ...) or braces: none has a place inside a line.
+
+def _selected(groups: Iterable[_Group], ban: int) -> list[np.ndarray]:
+    """The tokens of ``groups`` a request banning ``ban`` blocks: a group's tokens are blocked
+    when one of its ``hit`` tags is banned and none of its ``need`` tags is free (not banned)."""
+    free = ~ban
+    return [toks for hit, need, toks in groups if hit & ban and not need & free]
+
+
+class _Tagged:
+    """Tokens whose fate depends on the request, as the phrase automaton's root reads them:
+    ``groups`` of (hit, need, tokens), and ``by_word``: the tokens whose hit comes from a word
+    ending, by phrase-word id, as [(need, tokens)]. Read in another phrase state, a word can
+    only complete more phrases (the root's are among them), and only the words that state
+    sends elsewhere than the root does, so those get a group with their extra tags."""
+
+    __slots__ = ("_arrays", "by_word", "groups")
+
+    def __init__(self, groups: tuple[_Group, ...], by_word: dict[int, list[tuple[int, np.ndarray]]]) -> None:
+        self.groups = groups
+        self.by_word = by_word
+        self._arrays: tuple[np.ndarray, ...] | None = None
+
+    def select(self, ban: int) -> np.ndarray:
+        """The tokens of ``groups`` that a request banning ``ban`` blocks (:func:`_selected`),
+        vectorised over many groups when every tag fits in 64 bits."""
+        if self._arrays is None:
+            g = self.groups
+            wide = len(g) < 16 or any(x[0] >> 64 or x[1] >> 64 for x in g)
+            self._arrays = () if wide else (
+                np.asarray([x[0] for x in g], dtype=np.uint64), np.asarray([x[1] for x in g], dtype=np.uint64),
+                np.asarray([len(x[2]) for x in g], dtype=np.int64), np.concatenate([x[2] for x in g]))
+        if not self._arrays or ban >> 64:
+            return _joined(_selected(self.groups, ban))
+        hit, need, counts, flat = self._arrays
+        b = np.uint64(ban)
+        return flat[np.repeat(((hit & b) != 0) & ((need & ~b) == 0), counts)]
+
+
+class _WordPart(NamedTuple):
+    """The phrase-independent part of a state's mask (see ``WordConstraint._word_part``): the
+    mask is its ``base`` (a template per mode, shared by all states) with ``live`` unblocked.
+    Tokens read whole from a boundary (the state's, or the one after the word being spelled
+    ends) are dealt with apart (``WordConstraint._whole``)."""
+
+    base: int  # the template's id: 4 * mode + 2 * last + (the word may end)
+    live: np.ndarray | None  # lead tokens the vocabulary allows (unblocked in the template)
+    end_wid: int  # the word that ``ends`` tokens complete (-1: none, at a boundary)
+    ends: np.ndarray | None  # allowed tokens that end the word being spelled at their start
+    whole: _Tagged | None  # the request-dependent tokens read whole after the word ends (None: none)
+    exact: np.ndarray  # tokens read out one by one
+    leads: _Tagged  # lead tokens: at the end of the line, completing words; else their dead ends
+
+
+class _LRU:
+    """A thread-safe memo of at most ``size`` entries that drops the least recently used first.
+
+    A hit is a dict lookup and a move to the end (no lock: each is atomic under the GIL; an
+    entry another thread just dropped is simply not moved); an insert drops from the front in
+    O(1)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = max(1, size)
+        self._d: OrderedDict[Hashable, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        """The entry for ``key``, made by ``make()`` and kept if there is none."""
+        value = self.peek(key)
+        if value is not None:
+            return value
+        d = self._d
+        value = make()
+        with self._lock:
+            d[key] = value
+            while len(d) > self.size:
+                d.popitem(last=False)
+        return value
+
+    def peek(self, key: Hashable) -> Any:
+        """The entry for ``key`` (marked as used), or None."""
+        value = self._d.get(key)
+        if value is not None:
+            with contextlib.suppress(KeyError):
+                self._d.move_to_end(key)
+        return value
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+def _words_of(phrase: str) -> tuple[str, ...]:
+    return tuple(_WORD.findall(phrase.lower()))
+
+
+class WordConstraint:
+    """Token masks that keep a line inside a vocabulary and free of banned phrases (see the module
+    docstring for the semantics).
+
+    ``words``: the static banned words or phrases (case-insensitive; tag ``banned``).
+    ``tokenizer``: the model's tokenizer. ``vocabulary``: every word a line may complete
+    (None: no vocabulary constraint). ``signatures``: ``{tag: [phrases]}`` with tags
+    ``archetype:NAME``, ``persona:NAME`` and ``context:SLOT=VALUE``; with a vocabulary, phrases
+    holding a non-vocabulary word are dropped (no line can say them). ``max_states`` bounds the
+    memos: the word parts of ``2 * max_states`` (trie node, mode) states, the phrase-state pieces
+    of ``max_states`` phrase states, the template masks of 256 requests (a few MB in all at the
+    default). Always blocked too: control tokens other than ``eos`` and slot tokens, and tokens
+    holding ASCII control characters or braces.
+
+    The dead-end rule applies with a vocabulary only (see the module docstring).
+
+    Thread-safe. Masks and states never depend on the request; only :meth:`blocked`'s
+    ``banned`` argument does.
     """
 
-    def __init__(self, words: Iterable[str], tokenizer: Tokenizer) -> None:
-        phrases = []
-        for w in words:
-            parts = tuple(_WORD.findall(w.lower()))
-            if parts and parts not in phrases:
-                phrases.append(parts)
-        self.phrases: list[tuple[str, ...]] = phrases
-        self._single = {p[0] for p in phrases if len(p) == 1}
-        self._multi = [p for p in phrases if len(p) > 1]
-        prefixes = set()
-        for p in phrases:
-            for word in p:
-                for i in range(1, len(word) + 1):
-                    prefixes.add(word[:i])
-        self._prefixes = prefixes
+    def __init__(self, words: Iterable[str], tokenizer: Tokenizer, *, vocabulary: Iterable[str] | None = None,
+                 signatures: Mapping[str, Iterable[str]] | None = None, max_states: int = 4096) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = tokenizer.vocab_size
         self.eos_id = tokenizer.eos_id
-        self._texts: list[str] = []
-        self._always_blocked = np.zeros(self.vocab_size, dtype=bool)
-        for i in range(self.vocab_size):
-            if i < tokenizer.n_control:
-                slot = tokenizer._slot_of.get(i)
-                self._texts.append("{" + slot + "}" if slot else "")
-                self._always_blocked[i] = slot is None and i != self.eos_id
+        self.vocabulary: frozenset[str] | None = None if vocabulary is None else frozenset(vocabulary)
+        self.tags: tuple[str, ...] = (_VOCAB_TAG, _BANNED_TAG, _FREE_TAG, *sorted(signatures or {}))
+        self._tag_bit = {t: 1 << i for i, t in enumerate(self.tags)}
+        self._vocab_bit, self._free_bit = self._tag_bit[_VOCAB_TAG], self._tag_bit[_FREE_TAG]
+        phrases: dict[tuple[str, ...], int] = {}
+        for w in words:
+            parts = _words_of(w)
+            if parts:
+                phrases[parts] = phrases.get(parts, 0) | self._tag_bit[_BANNED_TAG]
+        for tag, items in (signatures or {}).items():
+            for p in items:
+                parts = _words_of(p)
+                if parts and (self.vocabulary is None or all(x in self.vocabulary for x in parts)):
+                    phrases[parts] = phrases.get(parts, 0) | self._tag_bit[tag]
+        self.phrases: list[tuple[str, ...]] = list(phrases)
+        self._build_trie(self.vocabulary if self.vocabulary is not None else {x for p in phrases for x in p})
+        self._build_phrases(phrases)
+        self._build_ways()
+        self._index_tokens()
+        self._default = self._vocab_bit | self._tag_bit[_BANNED_TAG]
+        self._all_signatures = sum(self._tag_bit[t] for t in self.tags[3:])
+        self._parts = _LRU(2 * max_states)  # word parts (small) and lead walks, by trie node and mode
+        self._phrased = _LRU(max_states)  # phrase-state-dependent groups and chains, by phrase state
+        self._per_ban = _LRU(256)  # per request: its template masks (by template id), made on first use
+        self._fixed: dict[Hashable, Any] = {}  # per mode: whole-token groups, exact tokens
+
+    # ------------------------------------------------------------ building
+
+    def _build_trie(self, words: Iterable[str]) -> None:
+        """The character trie of the tracked words (the vocabulary, else the phrases' words)."""
+        self._child: list[dict[str, int]] = [{}]
+        self._is_word: list[bool] = [False]
+        self._spelled: list[str] = [""]  # each node's string
+        for word in sorted(words):
+            node = 0
+            for k, c in enumerate(word):
+                nxt = self._child[node].get(c)
+                if nxt is None:
+                    nxt = len(self._child)
+                    self._child[node][c] = nxt
+                    self._child.append({})
+                    self._is_word.append(False)
+                    self._spelled.append(word[: k + 1])
+                node = nxt
+            self._is_word[node] = True
+        self._wid = [0] * len(self._child)  # phrase-word id per node (0: a word no phrase holds)
+
+    def _build_phrases(self, phrases: Mapping[tuple[str, ...], int]) -> None:
+        """A word-level Aho-Corasick automaton: ``_goto`` per state, ``_fail`` links and the tag
+        bits of every phrase that ends in each state (``_out``)."""
+        wid_of: dict[str, int] = {}
+        self._goto: list[dict[int, int]] = [{}]
+        bits_at = [0]
+        for parts, bits in phrases.items():
+            q = 0
+            for w in parts:
+                wid = wid_of.setdefault(w, len(wid_of) + 1)
+                nxt = self._goto[q].get(wid)
+                if nxt is None:
+                    nxt = len(self._goto)
+                    self._goto[q][wid] = nxt
+                    self._goto.append({})
+                    bits_at.append(0)
+                q = nxt
+            bits_at[q] |= bits
+        self._fail = [0] * len(self._goto)
+        self._out = list(bits_at)
+        todo = deque(self._goto[0].values())
+        while todo:
+            q = todo.popleft()
+            self._out[q] |= self._out[self._fail[q]]
+            for wid, nxt in self._goto[q].items():
+                f = self._fail[q]  # q is never the root here: its children fail to the root
+                while f and wid not in self._goto[f]:
+                    f = self._fail[f]
+                self._fail[nxt] = self._goto[f].get(wid, 0)
+                todo.append(nxt)
+        for w, wid in wid_of.items():
+            node = self._walk(0, w)
+            if node >= 0:
+                self._wid[node] = wid
+        self._root_next = [self._goto[0].get(wid, 0) for wid in range(len(wid_of) + 1)]
+
+    def _build_ways(self) -> None:
+        """What a word being spelled can still become, for the dead-end rule: per trie node
+        ``_need_at`` (the node's word and those below it) and ``_need_below`` (those below
+        only): the ``free`` tag if one of them is no single-word phrase, else the union of the
+        tags of the single-word phrases they are (0: there are none). Without a vocabulary
+        every node is free (any word may follow)."""
+        n = len(self._child)
+        free = self._free_bit
+        if self.vocabulary is None:
+            self._need_at = self._need_below = [free] * n
+            return
+        at, below = [0] * n, [0] * n
+        for node in reversed(range(n)):  # children come after their parents
+            b = 0
+            for c in self._child[node].values():
+                b = free if at[c] == free or b == free else b | at[c]
+            below[node] = b
+            if self._is_word[node]:
+                single = self._out[self._goto[0].get(self._wid[node], 0)] if self._wid[node] else 0
+                at[node] = free if not single or b == free else b | single
             else:
-                # bytes >= 0x80 never spell [a-z]: latin-1 keeps one char per byte
-                raw = tokenizer.token_bytes(i)
+                at[node] = b
+        self._need_at, self._need_below = at, below
+
+    def _walk(self, node: int, text: str) -> int:
+        for c in text:
+            if node < 0:
+                return _DEAD
+            node = self._child[node].get(c, _DEAD)
+        return node
+
+    def _index_tokens(self) -> None:
+        """Read every token once: its text (lower case; a slot token reads as a boundary), what is
+        always blocked, what the whole token does read from a word boundary, and per mode of the
+        state it is read in, its *lead* (the characters that extend the word being spelled) and
+        *rest* (what follows, read from a word boundary)."""
+        tok, v = self.tokenizer, self.vocab_size
+        vocab = self.vocabulary is not None
+        self._texts: list[str] = []
+        always = np.zeros(v, dtype=bool)
+        for i in range(v):
+            if i < tok.n_control:
+                slot = tok._slot_of.get(i)
+                self._texts.append(_SLOT_CHAR if slot else "")
+                always[i] = slot is None and i != self.eos_id
+            else:
+                # latin-1 keeps one char per byte; bytes >= 0x80 never spell [a-z]
+                raw = tok.token_bytes(i)
                 self._texts.append(raw.decode("latin-1").lower())
                 # ASCII control characters (newlines included) have no place in a subtitle, and
                 # braces only come as slot tokens (a spelled-out "{player}" would bypass slot rules)
-                self._always_blocked[i] = any(b < 0x20 or b == 0x7F for b in raw) or b"{" in raw or b"}" in raw
-        self._memo: dict[tuple[WordState, bool], np.ndarray] = {}
-        self._lock = threading.Lock()
-        self._index_leads()
-
-    def _index_leads(self) -> None:
-        """Split every token into its *lead* (the letters that extend the word being spelled) and
-        the *rest*, and tabulate whether the rest alone, read from a word boundary, completes a
-        banned word. Variant 0 is for a token read at a boundary, 1 inside a word (where a
-        leading apostrophe continues the word)."""
-        self._groups: list[dict[str, list[int]]] = [{}, {}]
-        self._rest_empty = [np.zeros(self.vocab_size, dtype=bool) for _ in range(2)]
-        self._rest_bad = [[np.zeros(self.vocab_size, dtype=bool) for _ in range(2)] for _ in range(2)]
-        root = WordState()
-        rest_memo: dict[tuple[str, bool], bool] = {}
+                always[i] = (any(b < 0x20 or b == 0x7F or (vocab and b >= 0x80) for b in raw)
+                             or b"{" in raw or b"}" in raw)
+        self._always = always
+        # the whole token read from a boundary ("simple": it ends no word inside itself): fine
+        # (not last / last), and the word its trailing letters leave being spelled
+        bad = [np.zeros(v, dtype=bool), np.zeros(v, dtype=bool)]
+        tail_wid = np.zeros(v, dtype=np.int64)
+        tail_node = np.full(v, _DEAD, dtype=np.int64)
+        tail_need = [self._free_bit] * v
+        simple = np.zeros(v, dtype=bool)
+        # for step(): the state a simple token leaves read from a boundary, (node, mode), None if
+        # it is not simple; and whether it is a slot (which also resets the phrases under way)
+        self._whole_state: list[tuple[int, int] | None] = [None] * v
+        self._is_slot = [t == _SLOT_CHAR for t in self._texts]
         for i, text in enumerate(self._texts):
-            if self._always_blocked[i] or i == self.eos_id or not text:
+            if always[i]:
                 continue
-            for v in (0, 1):
-                n = 0
-                while n < len(text) and (_is_letter(text[n]) or (text[n] == "'" and (v or n))):
-                    n += 1
-                lead, rest = text[:n], text[n:]
-                self._groups[v].setdefault(lead.rstrip("'"), []).append(i)
-                self._rest_empty[v][i] = not rest
-                for last in (False, True):
-                    if rest:
-                        key = (rest, last)
-                        if key not in rest_memo:
-                            rest_memo[key] = self.advance(root, rest, final=last) is None
-                        self._rest_bad[v][last][i] = rest_memo[key]
-
-    # ------------------------------------------------------------ state machine
-
-    def _word_done(self, word: str, phrases: frozenset[tuple[int, int]]
-                   ) -> tuple[bool, frozenset[tuple[int, int]]]:
-        """A word ended: (is a banned word or phrase now complete, phrases under way after it)."""
-        word = word.strip("'")
-        if not word:
-            return False, phrases
-        if word in self._single:
-            return True, frozenset()
-        nxt = set()
-        for idx, n in (*phrases, *((i, 0) for i in range(len(self._multi)))):
-            p = self._multi[idx]
-            if p[n] == word:
-                if n + 1 == len(p):
-                    return True, frozenset()
-                nxt.add((idx, n + 1))
-        return False, frozenset(nxt)
-
-    def advance(self, state: WordState, text: str, *, final: bool = False) -> WordState | None:
-        """The state after ``text`` is appended, or None if that completes a banned word.
-
-        ``final``: the text ends the line, so a word still being spelled ends too.
-        """
-        partial, phrases = state.partial, state.phrases
-        for c in text.lower():
-            if _is_letter(c) or (c == "'" and partial not in ("",)):
-                if partial != _DEAD:
-                    partial += c
-                    if partial.strip("'") not in self._prefixes and partial.strip("'"):
-                        partial = _DEAD
-                continue
-            if partial:
-                if partial != _DEAD:
-                    banned, phrases = self._word_done(partial, phrases)
-                    if banned:
-                        return None
+            simple[i] = self._simple(text)
+            if simple[i]:
+                st, ok, _ = self._read(WordState(), text, False)
+                if i != self.eos_id:
+                    self._whole_state[i] = (st.node, st.mode)
+                bad[0][i] = not ok
+                bad[1][i] = not self._read(WordState(), text, True)[1]
+                if st.mode != _BOUNDARY and st.node >= 0:
+                    tail_wid[i], tail_node[i] = self._wid[st.node], st.node
+                    tail_need[i] = self._need_on(st.node, st.mode)
+        self._rest_bad = bad
+        self._tail_wid = tail_wid
+        self._tail = (tail_node, tail_need)
+        simple[self.eos_id] = True
+        # per in-word mode: tokens ending the word at their first character (their rest is the
+        # whole token: "ends"), tokens adding letters only (grouped by lead), and tokens read out
+        # exactly (a lead and a rest, or a rest that ends a word or holds a slot)
+        self._ends: dict[int, np.ndarray] = {}
+        leads: dict[tuple[int, bool], dict[str, list[int]]] = {}
+        self._exact: dict[int, np.ndarray] = {_BOUNDARY: np.flatnonzero(~simple & ~always)}
+        for mode in (_LETTERS, _APOSTROPHE, _AFTER):
+            ends: list[int] = []
+            exact: list[int] = []
+            normal, pending = leads[mode, False], leads[mode, True] = {}, {}
+            for i, text in enumerate(self._texts):
+                if always[i]:
+                    continue
+                if i == self.eos_id:
+                    ends.append(i)
+                    continue
+                lead, apos, rest = self._split(text, mode)
+                if not lead and not apos:
+                    (ends if simple[i] else exact).append(i)
+                elif rest:
+                    exact.append(i)
                 else:
-                    phrases = frozenset()
-                partial = ""
-        if final and partial:
-            if partial != _DEAD:
-                banned, phrases = self._word_done(partial, phrases)
-                if banned:
-                    return None
-            partial = ""
-        return WordState(partial, phrases)
+                    (pending if apos else normal).setdefault(lead, []).append(i)
+            self._ends[mode] = np.asarray(ends, dtype=np.int64)
+            self._exact[mode] = np.asarray(exact, dtype=np.int64)
+        self._build_lead_walks(leads)
+        self._ends_mask = {m: np.zeros(v, dtype=bool) for m in self._ends}
+        for m, idx in self._ends.items():
+            self._ends_mask[m][idx] = True
+        self._ends_list = {m: mask.tolist() for m, mask in self._ends_mask.items()}
+        # mask templates: at a boundary; in a word whose end is fine / not fine (vocabulary only),
+        # with the tokens that end it where it is fine
+        self._boundary_blocked = []
+        self._in_word: dict[tuple[int, bool], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        for last in (False, True):
+            base = always | bad[last]
+            base[self._exact[_BOUNDARY]] = False
+            base.flags.writeable = False
+            self._boundary_blocked.append(base)
+            for m in self._ends:
+                if vocab:
+                    ok = np.ones(v, dtype=bool)
+                    ok[self._ends[m]] = base[self._ends[m]]
+                    not_ok = np.ones(v, dtype=bool)
+                    ok[self._exact[m]] = not_ok[self._exact[m]] = False
+                else:
+                    ok = not_ok = always.copy()
+                ok.flags.writeable = not_ok.flags.writeable = False
+                self._in_word[m, last] = (ok, not_ok, self._ends[m][~ok[self._ends[m]]])
 
-    def blocked(self, state: WordState, *, last: bool = False) -> np.ndarray:
+    @staticmethod
+    def _simple(text: str) -> bool:
+        """Read from a word boundary, ``text`` ends no word inside itself, and is a slot token or
+        holds no slot (a slot resets the phrases under way, which only the next state sees)."""
+        if _SLOT_CHAR in text and text != _SLOT_CHAR:
+            return False
+        in_word = False
+        for k, c in enumerate(text):
+            if _is_letter(c):
+                in_word = True
+            elif c == "'" and in_word and (k + 1 == len(text) or _is_letter(text[k + 1])):
+                continue
+            elif in_word:
+                return False
+        return True
+
+    @staticmethod
+    def _split(text: str, mode: int) -> tuple[str, bool, str]:
+        """(lead, lead ends on a pending apostrophe, rest) of a token read in an in-word ``mode``.
+
+        The lead is what extends the word being spelled (for mode 2 it starts with the pending
+        apostrophe, which a letter confirms); the rest starts at the first character that ends
+        the word, and is read from a word boundary."""
+        k, lead = 0, ""
+        if mode == _APOSTROPHE:
+            if not (text and _is_letter(text[0])):
+                return "", False, text
+            lead, mode = "'", _AFTER
+        while k < len(text):
+            c = text[k]
+            if _is_letter(c):
+                lead += c
+            elif c == "'" and mode == _LETTERS:
+                if k + 1 == len(text):
+                    return lead, True, ""
+                if not _is_letter(text[k + 1]):
+                    break
+                lead += c
+                mode = _AFTER
+            else:
+                break
+            k += 1
+        return lead, False, text[k:]
+
+    def _build_lead_walks(self, leads: Mapping[tuple[int, bool], Mapping[str, list[int]]]) -> None:
+        """For every in-word state (trie node, mode): the groups of tokens that only add letters
+        and keep the word inside the trie, with the node they reach. Built once for all states
+        from the other side: each node's string split into a state's word and a token's lead."""
+        groups: list[np.ndarray] = []
+        by_lead: dict[str, tuple[list[tuple[int, int, bool]], list[tuple[int, int, bool]]]] = {}
+        lone = None  # a lone apostrophe token after the word
+        for (mode, apos), table in leads.items():
+            for lead, toks in table.items():
+                if mode == _LETTERS and apos and not lead:
+                    lone = len(groups)
+                else:  # (after an apostrophe, before one)
+                    by_lead.setdefault(lead, ([], []))[mode != _AFTER].append((mode, len(groups), apos))
+                groups.append(np.asarray(toks, dtype=np.int64))
+        self._lead_groups = groups
+        walks: dict[tuple[int, int], list[tuple[int, int, bool]]] = {}
+        child, spelled = self._child, self._spelled
+        for n2 in range(1, len(child)):
+            p2 = spelled[n2]
+            cut = p2.find("'")
+            if lone is not None and cut < 0:
+                walks.setdefault((n2, _LETTERS), []).append((n2, lone, True))
+            node = 0
+            for k in range(1, len(p2)):
+                node = child[node][p2[k - 1]]
+                hit = by_lead.get(p2[k:])
+                if hit is None or p2[k - 1] == "'":  # no state rests on an apostrophe node
+                    continue
+                for mode, g, apos in hit[not 0 <= cut < k]:
+                    walks.setdefault((node, mode), []).append((n2, g, apos))
+        self._walks = walks
+        n = len(child)
+        self._is_word_np = np.asarray(self._is_word, dtype=bool)
+        self._wid_np = np.asarray(self._wid, dtype=np.int64)
+        self._apos_live_np = np.asarray([self._is_word[i] or "'" in child[i] for i in range(n)], dtype=bool)
+        self._need_apos = [self._need_on(i, _APOSTROPHE) for i in range(n)]
+
+    # ------------------------------------------------------------ the state machine
+
+    def _next_phrase(self, q: int, wid: int) -> int:
+        """The phrase automaton's state after a completed word (``wid`` 0: no phrase holds it)."""
+        if not wid:
+            return 0
+        goto, fail = self._goto, self._fail
+        while q and wid not in goto[q]:
+            q = fail[q]
+        return goto[q].get(wid, 0)
+
+    def _end(self, node: int, q: int) -> tuple[int, int, bool]:
+        """A word (trie ``node``) ended: (phrase state after it, tag bits of the phrases it
+        completes, whether the vocabulary allows it)."""
+        wid = self._wid[node] if node >= 0 else 0
+        q = self._next_phrase(q, wid)
+        return q, self._out[q], self.vocabulary is None or (node >= 0 and self._is_word[node])
+
+    def _need_on(self, node: int, mode: int) -> int:
+        """The ``_need_*`` tags of going on with the word of an in-word state (past its end)."""
+        if node < 0:
+            return self._free_bit
+        if mode != _APOSTROPHE:
+            return self._need_below[node]
+        after = self._child[node].get("'")
+        return 0 if after is None else self._need_at[after]
+
+    def _stuck(self, state: WordState, ban: int) -> bool:
+        """The dead-end rule for the state a token leaves (not at the end of the line): its word
+        can neither end (no word, or a banned phrase completes) nor go on to a free word."""
+        if state.mode == _BOUNDARY or self.vocabulary is None:
+            return False
+        need = self._need_on(state.node, state.mode)
+        if need & ~ban:
+            return False
+        _, bits, ok = self._end(state.node, state.phrase)
+        return not ok or bool(bits & ban)
+
+    def _read(self, state: WordState, text: str, final: bool) -> tuple[WordState, bool, int]:
+        """(state after ``text``, whether the vocabulary allows it, tag bits of the phrases it
+        completes): the reference semantics. ``text`` is lower case, slots as ``_SLOT_CHAR``;
+        ``final``: the line ends after it. A word that leaves the vocabulary reads on as -1."""
+        node, mode, q = state
+        ok, bits = True, 0
+        vocab = self.vocabulary is not None
+        child = self._child
+        for c in text:
+            if _is_letter(c):
+                if mode == _BOUNDARY:
+                    node, mode = child[0].get(c, _DEAD), _LETTERS
+                elif mode == _APOSTROPHE:
+                    n = child[node].get("'", _DEAD) if node >= 0 else _DEAD
+                    node, mode = (child[n].get(c, _DEAD) if n >= 0 else _DEAD), _AFTER
+                elif node >= 0:
+                    node = child[node].get(c, _DEAD)
+                if node < 0 and vocab:
+                    ok = False
+            elif c == "'" and mode == _LETTERS:
+                mode = _APOSTROPHE
+                if vocab and not (node >= 0 and (self._is_word[node] or "'" in child[node])):
+                    ok = False
+            else:
+                if mode != _BOUNDARY:
+                    q, b, good = self._end(node, q)
+                    bits |= b
+                    ok &= good
+                    node, mode = 0, _BOUNDARY
+                if c == _SLOT_CHAR:
+                    q = 0
+        if final and mode != _BOUNDARY:
+            q, b, good = self._end(node, q)
+            bits |= b
+            ok &= good
+            node, mode = 0, _BOUNDARY
+        return WordState(node, mode, q), ok, bits
+
+    # ------------------------------------------------------------ requests
+
+    def banned_bits(self, archetype: str | None = None, persona: Iterable[str] = (),
+                    context: Mapping[str, str] | Iterable[tuple[str, str]] | None = None, *,
+                    static: bool = True) -> int:
+        """The tags a request bans, for :meth:`blocked`: a bit set (bit ``i``: ``tags[i]``).
+
+        Always the vocabulary; the static banned words unless ``static=False``; and the
+        signatures of every tag the request did not ask for: every archetype but ``archetype``,
+        every persona trait not in ``persona``, and for each context slot every value but the
+        requested one (every value of a slot the request leaves out). Keys of ``context`` that
+        are no closed context slot (free-text slots like ``player``) change nothing.
+        """
+        items = context.items() if isinstance(context, Mapping) else (context or ())
+        asked = {f"archetype:{archetype}", *(f"persona:{t}" for t in persona),
+                 *(f"context:{k}={v}" for k, v in items)}
+        bits = self._all_signatures | self._vocab_bit
+        if static:
+            bits |= self._tag_bit[_BANNED_TAG]
+        for tag in asked:
+            bits &= ~self._tag_bit.get(tag, 0)
+        return bits
+
+    def _bits_int(self, banned: int | None) -> int:
+        return self._default if banned is None else banned
+
+    def advance(self, state: WordState, text: str, *, final: bool = False,
+                banned: int | None = None) -> WordState | None:
+        """The state after ``text`` is appended, or None if a token ending there would be blocked
+        (a word leaves the vocabulary, a phrase of a ``banned`` tag completes, or the dead-end
+        rule; default ``banned``: the static banned words). ``final``: the text ends the line.
+        ``{slot}`` markers read as slots."""
+        new, ok, bits = self._read(state, _SLOT_MARKER.sub(_SLOT_CHAR, text).lower(), final)
+        ban = self._bits_int(banned)
+        return new if ok and not bits & ban and not self._stuck(new, ban) else None
+
+    def step(self, state: WordState, token_id: int) -> WordState:
+        """The state after ``token_id`` was emitted (request-independent): :meth:`_read`, with a
+        shortcut for a token read whole from a boundary (at one, or ending the word spelled)."""
+        whole = self._whole_state[token_id]
+        if whole is not None:
+            node, mode, q = state
+            if mode == _BOUNDARY or self._ends_list[mode][token_id]:
+                if mode != _BOUNDARY:
+                    q = self._next_phrase(q, self._wid[node] if node >= 0 else 0)
+                return WordState(whole[0], whole[1], 0 if self._is_slot[token_id] else q)
+        return self._read(state, self._texts[token_id], False)[0]
+
+    def blocked(self, state: WordState, *, last: bool = False, banned: int | None = None) -> np.ndarray:
         """Bool mask [vocab]: True where the token must not be sampled in ``state``.
 
         ``last``: the next token is the last of the budget (its end is the end of the line).
-        The returned array is shared and read-only.
+        ``banned``: the request's :meth:`banned_bits` (default: the vocabulary and the static
+        banned words). The returned array is read-only (and often shared).
         """
-        key = (state, last)
-        mask = self._memo.get(key)
-        if mask is not None:
-            return mask
-        mask = self._compute(state, last)
+        base, live, out = self._pieces(state, last, self._default if banned is None else banned)
+        if out is None and live is None:
+            return base
+        mask = base.copy()
+        if live is not None:
+            mask[live] = False
+        if out is not None:
+            mask[out] = True
         mask.flags.writeable = False
-        with self._lock:
-            if len(self._memo) > 4096:  # pathological texts only; states are normally few
-                self._memo.clear()
-            self._memo[key] = mask
         return mask
 
-    def _compute(self, state: WordState, last: bool) -> np.ndarray:
-        """The mask for a state, reading only the tokens whose lead may matter.
+    def mask_logits(self, row: np.ndarray, state: WordState, *, last: bool = False,
+                    banned: int | None = None) -> None:
+        """Set ``row[blocked(state, last=last, banned=banned)]`` to -inf, in place (the same
+        result without building the mask: the shared template, then the state's changes)."""
+        base, live, out = self._pieces(state, last, self._default if banned is None else banned)
+        if live is None:
+            row[base] = -np.inf
+        else:
+            kept = row[live]
+            row[base] = -np.inf
+            row[live] = kept
+        if out is not None:
+            row[out] = -np.inf
 
-        A token whose lead turns the word being spelled into something that is no banned word's
-        prefix ends that word harmlessly, so only its rest matters, which is tabulated; the few
-        tokens whose lead keeps a banned prefix alive are read out in full with :meth:`advance`.
-        """
-        p = state.partial
-        v = 1 if p else 0
-        mask = self._always_blocked | self._rest_bad[v][last]
-        mask[self.eos_id] = self.advance(state, "", final=True) is None
-        exact: list[int] = []
-        if p != _DEAD:
-            groups = self._groups[v]
-            for pre in self._prefixes:
-                if pre.startswith(p) and len(pre) > len(p):
-                    exact += groups.get(pre[len(p):], ())
-            boundary = groups.get("", ())
-            if p:
-                # the word p ends at these tokens' first character
-                banned, phrases = self._word_done(p, state.phrases)
-                if banned:
-                    idx = np.asarray(boundary, dtype=np.int64)
-                    mask[idx] = ~self._rest_empty[v][idx] | last
-                elif phrases:
-                    exact += boundary
-            elif state.phrases:
-                exact += boundary
-        for i in exact:
-            mask[i] = self.advance(state, self._texts[i], final=last) is None
+    def _pieces(self, state: WordState, last: bool, ban: int
+                ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """A state's mask for a request as (the template with the request's whole-read tokens,
+        the lead tokens it unblocks, the tokens it blocks besides); see :meth:`blocked`."""
+        node, mode, q = state
+        key = (node, mode, last)
+        wp: _WordPart | None = self._parts.peek(key)
+        if wp is None:
+            wp = self._parts.get(key, lambda: self._word_part(node, mode, last))
+        bases = self._per_ban.peek(ban)
+        if bases is None:
+            bases = self._per_ban.get(ban, lambda: [None] * 16)
+        base = bases[wp.base]
+        if base is None:
+            base = bases[wp.base] = self._base(wp.base, ban)
+        free = ~ban
+        out = [toks for hit, need, toks in wp.leads.groups if hit & ban and not need & free] if wp.leads.groups else []
+        # what the phrase state under way decides: the word being spelled completing phrases,
+        # and tokens whose words it sends elsewhere than the automaton's root does
+        q1 = q
+        wid = wp.end_wid
+        if wid >= 0:
+            q1 = self._goto[q].get(wid) if q else None
+            if q1 is None:
+                q1 = self._next_phrase(q, wid)
+            if self._out[q1] & ban and wp.ends is not None:
+                out.append(wp.ends)
+        whole = wp.whole
+        if q1 and whole is not None and whole.by_word:
+            extra = self._phrased.get((wp.base, q1), lambda: self._elsewhere(q1, whole.by_word))
+            out += [toks for hit, need, toks in extra if hit & ban and not need & free]
+        if q and wp.leads.by_word:
+            out += [toks for hit, need, toks in self._elsewhere(q, wp.leads.by_word) if hit & ban and not need & free]
+        if len(wp.exact):
+            out += _selected(self._exact_read(state, last, wp.exact), ban)
+        return base, wp.live, (out[0] if len(out) == 1 else np.concatenate(out)) if out else None
+
+    def _base(self, base_id: int, ban: int) -> np.ndarray:
+        """A template mask (id ``4 * mode + 2 * last + the word may end``) with the whole-read
+        tokens a request banning ``ban`` blocks (read-only)."""
+        mode, last, end_ok = base_id >> 2, bool(base_id & 2), bool(base_id & 1)
+        if mode == _BOUNDARY:
+            mask = self._boundary_blocked[last]
+        else:
+            ok_tpl, bad_tpl, _ = self._in_word[mode, last]
+            mask = ok_tpl if end_ok else bad_tpl
+        if end_ok:
+            idx = self._whole(None if mode == _BOUNDARY else mode, last).select(ban)
+            if len(idx):
+                mask = mask.copy()
+                mask[idx] = True
+                mask.flags.writeable = False
         return mask
+
+    def fill_blocked(self, out: np.ndarray, states: Sequence[WordState], last: np.ndarray,
+                     banned: Sequence[int | None]) -> None:
+        """``out[i] = blocked(states[i], last=last[i], banned=banned[i])`` for a batch of rows."""
+        for i, st in enumerate(states):
+            out[i] = self.blocked(st, last=bool(last[i]), banned=banned[i])
+
+    def blocked_exact(self, state: WordState, *, last: bool = False, banned: int | None = None) -> np.ndarray:
+        """:meth:`blocked` computed token by token with the reference reader (slow)."""
+        ban = self._bits_int(banned)
+        mask = self._always.copy()
+        for i, text in enumerate(self._texts):
+            if not mask[i]:
+                end = last or i == self.eos_id
+                new, ok, bits = self._read(state, text, end)
+                mask[i] = not ok or bool(bits & ban) or (not end and self._stuck(new, ban))
+        return mask
+
+    # ------------------------------------------------------------ fast masks
+
+    def _exact_read(self, state: WordState, last: bool, exact: np.ndarray) -> list[_Group]:
+        """The groups of the tokens read out one by one (none with the shipped tokenizer)."""
+        groups: list[_Group] = []
+        for text, toks in self._exact_groups(exact):
+            new, ok, bits = self._read(state, text, last)
+            bits |= 0 if ok else self._vocab_bit
+            if bits:
+                groups.append((bits, 0, toks))
+            if not last and new.mode != _BOUNDARY and self.vocabulary is not None:
+                _, end_bits, end_ok = self._end(new.node, new.phrase)
+                end_bits |= 0 if end_ok else self._vocab_bit
+                if end_bits:
+                    groups.append((end_bits, self._need_on(new.node, new.mode), toks))
+        return groups
+
+    def _elsewhere(self, q: int, by_word: Mapping[int, list[tuple[int, np.ndarray]]]) -> list[_Group]:
+        """The groups of the words phrase state ``q`` sends elsewhere than the root does."""
+        if not q or not by_word:
+            return []
+        chain: dict[int, int] = self._phrased.get(("chain", q), lambda: self._chain(q))
+        out = []
+        for wid in (by_word if len(by_word) < len(chain) else chain):
+            nxt = chain.get(wid)
+            if nxt is not None and wid in by_word and self._out[nxt]:
+                out += [(self._out[nxt], need, toks) for need, toks in by_word[wid]]
+        return out
+
+    def _chain(self, q: int) -> dict[int, int]:
+        """Where ``q`` sends the words it or its failure chain knows (the first state of the
+        chain that knows a word decides; the root is left out)."""
+        seen: dict[int, int] = {}
+        while q:
+            for wid, nxt in self._goto[q].items():
+                seen.setdefault(wid, nxt)
+            q = self._fail[q]
+        return seen
+
+    def _tagged(self, toks: Iterable[int], wids: Iterable[int], needs: Iterable[int],
+                stuck: Iterable[tuple[int, int]] = ()) -> _Tagged:
+        """:class:`_Tagged` of tokens that end (or may end) a phrase word ``wids`` with ``needs``
+        (0: they end it for sure), and of ``stuck`` (token, need) that cannot end a word."""
+        groups: dict[tuple[int, int], list[int]] = {}
+        by_word: dict[int, dict[int, list[int]]] = {}
+        out, root = self._out, self._root_next
+        for t, w, n in zip(toks, wids, needs):
+            hit = out[root[w]]
+            if hit:
+                groups.setdefault((hit, n), []).append(t)
+            by_word.setdefault(w, {}).setdefault(n, []).append(t)
+        for t, n in stuck:
+            groups.setdefault((self._vocab_bit, n), []).append(t)
+        return _Tagged(tuple((h, n, np.asarray(ts, dtype=np.int64)) for (h, n), ts in groups.items()),
+                       {w: [(n, np.asarray(ts, dtype=np.int64)) for n, ts in d.items()] for w, d in by_word.items()})
+
+    def _ways(self, toks: Sequence[int], nodes: Sequence[int], needs: Sequence[int]) -> _Tagged:
+        """The dead-end rule for tokens that leave a word being spelled at trie ``nodes`` with
+        ``needs`` (not at the end of the line): those with a free way on are fine; the others are
+        stuck if their word cannot end there (no word), else the phrases decide whether it may
+        (a word no phrase holds always may)."""
+        if self.vocabulary is None:
+            return _Tagged((), {})
+        free = self._free_bit
+        stuck, ways = [], []
+        for t, n, nd in zip(toks, nodes, needs):
+            if nd & free:
+                continue
+            if not self._is_word[n]:
+                stuck.append((t, nd))
+            elif self._wid[n]:
+                ways.append((t, self._wid[n], nd))
+        return self._tagged([w[0] for w in ways], [w[1] for w in ways], [w[2] for w in ways], stuck)
+
+    def _word_part(self, node: int, mode: int, last: bool) -> _WordPart:
+        """What a state's mask is without the phrases under way: which tokens the vocabulary
+        blocks, and which tokens end or may end which word (for the phrase part).
+
+        At a boundary every token is read whole, as tabulated. In a word, tokens that end it at
+        their first character share its fate (the rest of them is tabulated too); tokens that
+        only add letters come from the walk table of the state (those whose lead stays inside
+        the trie), so no state looks at every token."""
+        vocab = self.vocabulary is not None
+        none = _Tagged((), {})
+        if mode == _BOUNDARY:
+            return _WordPart(2 * last + 1, None, -1, None, self._whole(None, last), self._exact[_BOUNDARY], none)
+        end_ok = not vocab or (node >= 0 and self._is_word[node])
+        ok_ends = self._in_word[mode, last][2]
+        live_toks = None
+        leads = none
+        if node >= 0 and (vocab or last):
+            toks, n2, apos = self._lead_arrays(node, mode)
+            if len(toks):
+                if last:
+                    live = self._is_word_np[n2]
+                    wids = self._wid_np[n2]
+                    sel = wids > 0
+                    leads = self._tagged(toks[sel].tolist(), wids[sel].tolist(), [0] * int(sel.sum()))
+                else:
+                    live = ~apos | self._apos_live_np[n2]
+                    nodes = n2[live].tolist()
+                    needs = [self._need_apos[n] if a else self._need_below[n]
+                             for n, a in zip(nodes, apos[live].tolist())]
+                    leads = self._ways(toks[live].tolist(), nodes, needs)
+                if vocab and live.any():
+                    live_toks = toks[live]
+        return _WordPart(4 * mode + 2 * last + end_ok, live_toks, self._wid[node] if node >= 0 else 0,
+                         ok_ends if end_ok else None, self._whole(mode, last) if end_ok else None,
+                         self._exact[mode], leads)
+
+    def _exact_groups(self, exact: np.ndarray) -> list[tuple[str, np.ndarray]]:
+        """Tokens read out one by one, grouped by their text (the slot tokens read alike)."""
+        key = ("exact", exact.tobytes())
+        if key not in self._fixed:
+            self._fixed[key] = [
+            (t, np.asarray([i for i in exact if self._texts[i] == t]))
+            for t in dict.fromkeys(self._texts[i] for i in exact)]
+        return self._fixed[key]  # type: ignore[no-any-return]
+
+    def _lead_arrays(self, node: int, mode: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(tokens, trie node each reaches, whether its lead ends on a pending apostrophe) for
+        the lead-only tokens that keep the word at ``node`` in ``mode`` inside the trie."""
+        return self._parts.get(("walk", node, mode), lambda: self._make_lead_arrays(node, mode))
+
+    def _make_lead_arrays(self, node: int, mode: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        walk = self._walks.get((node, mode), ())
+        if not walk:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty, np.zeros(0, dtype=bool)
+        sizes = [len(self._lead_groups[g]) for _, g, _ in walk]
+        toks = np.concatenate([self._lead_groups[g] for _, g, _ in walk])
+        n2 = np.repeat(np.asarray([w[0] for w in walk], dtype=np.int64), sizes)
+        apos = np.repeat(np.asarray([w[2] for w in walk], dtype=bool), sizes)
+        return toks, n2, apos
+
+    def _allowed_whole(self, mode: int | None, last: bool) -> np.ndarray:
+        """Tokens read whole from a boundary that are allowed: at a boundary (``mode`` None), or
+        ending the word of an in-word ``mode`` whose end is fine."""
+        if mode is None:
+            ok = ~self._boundary_blocked[last]
+            ok[self._exact[_BOUNDARY]] = False
+            return ok
+        return self._ends_mask[mode] & ~self._rest_bad[last] & ~self._always
+
+    def _whole(self, mode: int | None, last: bool) -> _Tagged:
+        """The request-dependent tokens among those read whole from a boundary (at a boundary:
+        ``mode`` None; else after the word of ``mode`` ended): at the end of the line, those
+        whose own word is a phrase word; else their dead ends (kept for good)."""
+        key = ("whole", mode, last)
+        if key not in self._fixed:
+            self._fixed[key] = self._make_whole(mode, last)
+        return self._fixed[key]  # type: ignore[no-any-return]
+
+    def _make_whole(self, mode: int | None, last: bool) -> _Tagged:
+        idx = np.flatnonzero(self._allowed_whole(mode, last) & (self._tail[0] >= 0)).tolist()
+        if last:
+            idx = [i for i in idx if self._tail_wid[i]]
+            return self._tagged(idx, [int(self._tail_wid[i]) for i in idx], [0] * len(idx))
+        return self._ways(idx, [int(self._tail[0][i]) for i in idx], [self._tail[1][i] for i in idx])
 
     def precompute(self) -> int:
-        """Compute the masks of every state without a banned phrase under way (a boundary, a dead
-        word, each banned-word prefix), so decoding never waits on one; returns how many."""
-        states = [WordState(), WordState(_DEAD), *(WordState(p) for p in sorted(self._prefixes))]
-        for st in states:
+        """Compute what decoding meets most, so a line rarely waits on it: the whole-read token
+        tables of every mode, and the word parts of a boundary and of every state one token after
+        a space leaves (a word's first token); returns how many states."""
+        for mode in (None, _LETTERS, _APOSTROPHE, _AFTER):
             for last in (False, True):
-                self.blocked(st, last=last)
-        return 2 * len(states)
-
-    def blocked_exact(self, state: WordState, *, last: bool = False) -> np.ndarray:
-        """:meth:`blocked` computed token by token with :meth:`advance` (the reference; slow)."""
-        mask = self._always_blocked.copy()
+                self._whole(mode, last)
+        seen = {(0, _BOUNDARY)}
         for i, text in enumerate(self._texts):
-            if mask[i]:
-                continue
-            if i == self.eos_id:
-                mask[i] = self.advance(state, "", final=True) is None
-            elif text:
-                mask[i] = self.advance(state, text, final=last) is None
-        return mask
+            if text[:1] == " " and not self._always[i] and self._simple(text):
+                node, mode = self.step(WordState(), i)[:2]
+                if mode != _BOUNDARY and node >= 0:
+                    seen.add((node, mode))
+        for node, mode in seen:  # (a line's last token rarely starts a word: boundary only)
+            for last in (False, True) if mode == _BOUNDARY else (False,):
+                self._parts.get((node, mode, last), lambda n=node, m=mode, x=last: self._word_part(n, m, x))
+        return len(seen)
 
-    def step(self, state: WordState, token_id: int) -> WordState:
-        """The state after ``token_id`` was emitted (the token must not have been blocked)."""
-        new = self.advance(state, self._texts[token_id])
-        return new if new is not None else WordState(_DEAD)
+
+def _joined(parts: Sequence[np.ndarray]) -> np.ndarray:
+    if not parts:
+        return np.zeros(0, dtype=np.int64)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+BannedWordMask = WordConstraint
+"""The former name of :class:`WordConstraint` (static banned words, no vocabulary)."""
 
 
 def fill_slots(text: str, values: Mapping[str, str]) -> str:
@@ -331,25 +1004,84 @@ class SlotRules:
                 | self.intent.get(intent, frozenset()))
 
 
-def read_constraints(model_dir: str | Path | None = None, book_path: str | Path | None = None
-                     ) -> tuple[list[str], SlotRules]:
-    """(banned words, slot rules) for a model: ``model_dir/constraints.json`` if present, else the
-    line book's (default: the shipped one).
+@dataclass(frozen=True)
+class Constraints:
+    """What a model's lines must respect, as ``constraints.json`` ships it (:func:`read_constraints`).
+
+    ``banned_words``: static banned words and phrases; ``slot_rules``: which free-text slots a
+    line may hold; ``vocabulary``: every word a line may complete; ``signatures``: ``{tag:
+    [phrases]}`` that voice one tag only (see :meth:`WordConstraint.banned_bits`). The last two
+    are None for a file that predates them: then no vocabulary constraint and no conditional
+    phrases apply.
+    """
+
+    banned_words: list[str]
+    slot_rules: SlotRules
+    vocabulary: tuple[str, ...] | None = None
+    signatures: Mapping[str, tuple[str, ...]] | None = None
+
+    def word_constraint(self, tokenizer: Tokenizer, **options: Any) -> WordConstraint:
+        """The token masks these constraints make for ``tokenizer`` (options: :class:`WordConstraint`'s)."""
+        return WordConstraint(self.banned_words, tokenizer, vocabulary=self.vocabulary,
+                              signatures=self.signatures, **options)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``constraints.json`` document :func:`read_constraints` reads back."""
+        rules = self.slot_rules
+        data: dict[str, Any] = {"banned_words": list(self.banned_words), "slots": list(rules.slots), "slot_rules": {
+            kind: {name: sorted(slots) for name, slots in getattr(rules, kind).items()}
+            for kind in ("archetype", "state", "intent")}}
+        if self.vocabulary is not None:
+            data["vocabulary"] = sorted(self.vocabulary)
+        if self.signatures is not None:
+            data["signatures"] = {tag: list(p) for tag, p in sorted(self.signatures.items())}
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Constraints:
+        """Parse a ``constraints.json`` document; ValueError/KeyError/TypeError if malformed."""
+        rules = data["slot_rules"]
+        slot_rules = SlotRules(tuple(data["slots"]), *({k: frozenset(v) for k, v in rules[kind].items()}
+                                                      for kind in ("archetype", "state", "intent")))
+        banned = data["banned_words"]
+        if not isinstance(banned, list) or not all(isinstance(w, str) for w in banned):
+            raise TypeError("banned_words must be a list of strings")
+        vocabulary = data.get("vocabulary")
+        if vocabulary is not None:
+            if not isinstance(vocabulary, list) or not all(
+                    isinstance(w, str) and _WORD.fullmatch(w) for w in vocabulary):
+                raise ValueError("vocabulary must be a list of lower-case words")
+            vocabulary = tuple(vocabulary)
+        signatures = data.get("signatures")
+        if signatures is not None:
+            if not isinstance(signatures, dict):
+                raise TypeError("signatures must map tags to lists of phrases")
+            for tag, phrases in signatures.items():
+                if not _TAG_KEY.fullmatch(tag):
+                    raise ValueError(f"signature tag {tag!r} is not archetype:, persona: or context:SLOT=VALUE")
+                if not isinstance(phrases, list) or not all(isinstance(p, str) and _words_of(p) for p in phrases):
+                    raise ValueError(f"signatures[{tag!r}] must be a list of phrases")
+            signatures = {tag: tuple(p) for tag, p in signatures.items()}
+        return cls(list(banned), slot_rules, vocabulary, signatures)
+
+
+def read_constraints(model_dir: str | Path | None = None, book_path: str | Path | None = None) -> Constraints:
+    """The :class:`Constraints` of a model: ``model_dir/constraints.json`` if present, else the
+    line book's banned words and slot rules (default: the shipped book; no vocabulary then).
 
     ``constraints.json``: ``{"banned_words": [...], "slots": [...], "slot_rules": {"archetype":
-    {name: [slots]}, "state": {...}, "intent": {...}}}``. The line book is read for these two
-    fields only (its YAML, without expanding templates), which keeps model loading fast; the
-    book itself is validated when a model is trained from it.
+    {name: [slots]}, "state": {...}, "intent": {...}}, "vocabulary": [...], "signatures": {tag:
+    [...]}}``, the last two optional (files written before them still load). A malformed file
+    raises ValueError naming it. The line book is read for the first two fields only (its
+    YAML, without expanding templates), which keeps model loading fast; vocabulary and
+    signatures need the expanded book and are derived at export
+    (:func:`runtime.export.write_constraints`).
     """
     if model_dir is not None and (Path(model_dir) / "constraints.json").is_file():
         path = Path(model_dir) / "constraints.json"
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            rules = data["slot_rules"]
-            return list(data["banned_words"]), SlotRules(
-                tuple(data["slots"]),
-                *({k: frozenset(v) for k, v in rules[kind].items()} for kind in ("archetype", "state", "intent")))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return Constraints.from_json(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"{path}: not a constraints file ({exc})") from exc
     import yaml
 
@@ -373,7 +1105,7 @@ def read_constraints(model_dir: str | Path | None = None, book_path: str | Path 
         for section, table in rules.items():
             for name, spec in (doc.get(section) or {}).items():
                 table[str(name)] = frozenset((spec or {}).get("slots") or ()) if isinstance(spec, dict) else frozenset()
-    return banned, SlotRules(tuple(slots), rules["archetypes"], rules["states"], rules["intents"])
+    return Constraints(banned, SlotRules(tuple(slots), rules["archetypes"], rules["states"], rules["intents"]))
 
 
 def usable(text: str) -> str | None:
@@ -383,6 +1115,16 @@ def usable(text: str) -> str | None:
     if not re.search(r"[A-Za-z]{2,}", text):
         return "no_words"
     return None
+
+
+_TRAILING_WORD = re.compile(r"[A-Za-z']+$")
+
+
+def settled_text(raw: str) -> str:
+    """The part of a line still being decoded that may be shown: ``raw`` without its trailing
+    run of letters and apostrophes, a word that the next token may still extend or, at a dead
+    end (:meth:`WordConstraint.blocked` blocking every token), leave unfinished."""
+    return _TRAILING_WORD.sub("", raw)
 
 
 def check_sampling(temperature: float, top_k: int, top_p: float, max_tokens: int,
@@ -406,5 +1148,6 @@ def stop_index(text: str, stops: Sequence[str]) -> int:
     return min(hits) if hits else -1
 
 
-__all__ = ["BannedWordMask", "RepeatMemory", "SlotRules", "WordState", "check_sampling",
-           "fill_slots", "normalise_line", "read_constraints", "stop_index", "unfilled_slots", "usable"]
+__all__ = ["BannedWordMask", "Constraints", "RepeatMemory", "SlotRules", "WordConstraint", "WordState",
+           "check_sampling", "fill_slots", "normalise_line", "read_constraints", "settled_text", "stop_index",
+           "unfilled_slots", "usable"]

@@ -67,7 +67,14 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from runtime.batched_engine import BatchedEngine, GenRequest, GenResult, Handle
 from runtime.block_cache import TIERS
-from runtime.constraints import RepeatMemory, SlotRules, fill_slots, read_constraints, usable
+from runtime.constraints import (
+    RepeatMemory,
+    SlotRules,
+    fill_slots,
+    read_constraints,
+    settled_text,
+    usable,
+)
 from runtime.fallback import FallbackBook
 from runtime.generator import active_params_percent
 from runtime.metrics import EngineMetrics
@@ -248,6 +255,7 @@ class _Pending:
     ids: list[int]
     slot_values: dict[str, str]
     blocked: list[int]
+    banned: int  # the request's banned tags (WordConstraint.banned_bits)
     seed: int
     max_tokens: int
     critical: bool
@@ -367,22 +375,26 @@ class DialogueService:
 
             threads = options.get("cpu_threads") or 1
             onnx = FlashOnnx.load(root, threads=threads)
-            banned, rules = read_constraints(root)
-            batched = OrtBatchedEngine(onnx, max_batch=max_batch, banned_words=banned)
-            solo = OrtBatchedEngine(onnx, max_batch=1, banned_words=banned) if solo_lane else None
+            assert onnx.tokenizer is not None
+            cons = read_constraints(root)
+            words = cons.word_constraint(onnx.tokenizer)  # one set of masks for both lanes
+            batched = OrtBatchedEngine(onnx, max_batch=max_batch, words=words)
+            solo = OrtBatchedEngine(onnx, max_batch=1, words=words) if solo_lane else None
             tok = batched.tokenizer
         else:
             from runtime.batched_engine import load_flash
 
             model, tok, root = load_flash(model_dir, checkpoint=checkpoint)
-            banned, rules = read_constraints(root)
+            cons = read_constraints(root)
+            words = cons.word_constraint(tok)
             batched = BatchedEngine(model, tok, device=device, dtype=dtype, max_batch=max_batch,
-                                    banned_words=banned, cuda_graphs=cuda_graphs)
-            solo = (BatchedEngine(model, tok, device=device, dtype=dtype, max_batch=1, banned_words=banned,
+                                    words=words, cuda_graphs=cuda_graphs)
+            solo = (BatchedEngine(model, tok, device=device, dtype=dtype, max_batch=1, words=words,
                                   use_block_cache=False) if solo_lane else None)
         fb = Path(root if model_dir is not None else DEFAULT_MODEL_DIR) / "fallbacks.json"
         fallbacks = FallbackBook.from_json(fb) if fb.is_file() else FallbackBook.from_line_book()
-        return cls(batched, fallbacks=fallbacks, catalog=tok.catalog, slot_rules=rules, solo_engine=solo, **options)
+        return cls(batched, fallbacks=fallbacks, catalog=tok.catalog, slot_rules=cons.slot_rules, solo_engine=solo,
+                   **options)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -581,14 +593,15 @@ class DialogueService:
             seed = int(np.random.default_rng().integers(2**31))
         assert self._loop is not None
         lane = "batch" if batch or "solo" not in self._lanes else "solo"
-        return _Pending(s, intent, ids, slot_values, blocked, int(seed), n, critical, t0, deadline,
+        banned = self.engine.words.banned_bits(s.npc, s.persona, closed)
+        return _Pending(s, intent, ids, slot_values, blocked, banned, int(seed), n, critical, t0, deadline,
                         self._loop.create_future(), lane, on_piece=on_piece)
 
     def _submit(self, p: _Pending) -> None:
         lane = self._lanes[p.lane]
         req = GenRequest(p.ids, seed=p.seed, attempt=p.attempt, max_tokens=p.max_tokens,
                          temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                         blocked_tokens=p.blocked, tag=p,
+                         blocked_tokens=p.blocked, banned=p.banned, tag=p,
                          on_token=(lambda tok, t, p=p: lane.tokens.append((p, tok))) if p.on_piece else None)
         p.tokens = []
         p.handle = lane.engine.submit(req)
@@ -610,7 +623,8 @@ class DialogueService:
         if p.future.done() or p.on_piece is None:
             return
         p.tokens.append(tok)
-        raw = self.tokenizer.decode(p.tokens).replace("\ufffd", "").strip()
+        # a word still being spelled shows once it is complete (a dead end may cut it)
+        raw = settled_text(self.tokenizer.decode(p.tokens).replace("\ufffd", "")).strip()
         if not p.shown and usable(raw) is not None:
             return
         text = fill_slots(raw, p.slot_values)
@@ -642,18 +656,22 @@ class DialogueService:
                 continue
             for a, b in zip(res.token_times, res.token_times[1:]):
                 self.metrics.itl.observe(b - a)
-            raw = self.tokenizer.decode(res.tokens).replace("\ufffd", "").strip()
+            raw = self.tokenizer.decode(res.tokens).replace("\ufffd", "")
+            if res.finish == "blocked":  # a dead end inside a word: the line ends at its last complete word
+                raw = settled_text(raw)
+            raw = raw.strip()
             if p.shown:
                 self._finish_line(p, raw, tuple(res.tokens), res.finish, res, p.attempt + 1)
                 continue
             guessing = (self.min_mean_logprob is not None and res.mean_logprob is not None
                         and res.mean_logprob < self.min_mean_logprob)
-            why = "unusable" if usable(raw) is not None or guessing else None
+            why = "unusable" if usable(raw) is not None or guessing or res.finish == "blocked" else None
             if why is None and self.memory.said_recently(p.session.npc_id, raw):
                 why = "repeat"
             if why is None:
                 self._finish_line(p, raw, tuple(res.tokens), res.finish, res, p.attempt + 1)
-            elif why == "repeat" and p.attempt < self.max_resamples and time.perf_counter() < p.deadline:
+            elif ((why == "repeat" or res.finish == "blocked") and p.attempt < self.max_resamples
+                  and time.perf_counter() < p.deadline):
                 p.attempt += 1
                 self._submit(p)
             else:

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from runtime.batch_generate import generate_ids_batch
+from runtime.constraints import WordConstraint
 from runtime.linebook import Example, LineBook, load_line_book
 from runtime.onnx_model import FlashOnnx
 from runtime.paths import DEFAULT_MODEL_DIR
@@ -79,13 +80,21 @@ class EvalConfig:
 
 
 class Sampler:
-    """Samples lines for prompt requests through one exported graph, in seeded batches."""
+    """Samples lines for prompt requests through one exported graph, in seeded batches.
+
+    Decoding is the line engine's: the word constraints the book exports (its vocabulary, and
+    the signatures of every tag a request did not ask for) mask every step, except that the
+    static banned words are left unblocked (``words.banned_bits(..., static=False)``), so their
+    count still measures the model where the vocabulary allows them.
+    """
 
     def __init__(self, model: FlashOnnx, cfg: EvalConfig, book: LineBook) -> None:
         self.model = model
         self.cfg = cfg
         self.book = book
         tok = model.tokenizer
+        self.words = WordConstraint(book.banned_words, tok, vocabulary=book.vocabulary(),
+                                    signatures=book.signatures())
         self._control = [i for i in range(tok.vocab_size) if tok.is_control(i) and i != tok.eos_id]
         self._slot_ids = {s: tok.id_of(f"<slot:{s}>") for s in book.slots}
         self._blocked: dict[tuple[str, str, str], np.ndarray] = {}
@@ -105,7 +114,8 @@ class Sampler:
         blocked = [self.blocked_ids(a, s, i) for a, _p, s, i, _c in requests]
         ids = generate_ids_batch(
             self.model, prompts, seeds=seeds, blocked=blocked, max_tokens=self.cfg.max_tokens,
-            temperature=self.cfg.temperature, top_p=self.cfg.top_p,
+            temperature=self.cfg.temperature, top_p=self.cfg.top_p, words=self.words,
+            banned=[self.words.banned_bits(a, p, c, static=False) for a, p, _s, _i, c in requests],
         )
         return [tok.decode(x) for x in ids]
 

@@ -576,15 +576,19 @@ def write_fallbacks(path: Path) -> None:
 
 
 def write_constraints(path: Path) -> None:
-    """constraints.json: the default line book's banned words and slot rules (the format
-    :func:`runtime.constraints.read_constraints` reads)."""
-    from runtime.constraints import read_constraints
+    """constraints.json (the format :func:`runtime.constraints.read_constraints` reads): the
+    default line book's banned words and slot rules, its vocabulary (every word its lines and
+    fallbacks say) and its signatures (the phrases that voice one archetype, persona trait or
+    context value only), derived here so a client never expands the book."""
+    from dataclasses import replace
 
-    banned, rules = read_constraints(None)
-    data = {"banned_words": banned, "slots": list(rules.slots), "slot_rules": {
-        kind: {name: sorted(slots) for name, slots in getattr(rules, kind).items()}
-        for kind in ("archetype", "state", "intent")}}
-    path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    from runtime.constraints import read_constraints
+    from runtime.linebook import load_line_book
+
+    book = load_line_book()
+    cons = replace(read_constraints(None), vocabulary=tuple(book.vocabulary()),
+                   signatures={tag: tuple(p) for tag, p in book.signatures().items()})
+    path.write_text(json.dumps(cons.to_json(), ensure_ascii=False, separators=(",", ":")) + "\n")
 
 
 __all__ = ["EMBEDDINGS", "MAX_INT4_BYTES", "MOE_VARIANTS", "OPSET", "ExportError", "ExportOptions",

@@ -13,7 +13,9 @@ Per request::
     prefix keys/values  <- PrefixCache (L1 memory LRU, optional L2 disk), computed on a miss
     suffix              -> one model step on top of the cached prefix
     then one token per step with the KV cache, sampling (runtime.sampling.sample_next) from
-    logits where banned words, control tokens and unfillable slots are masked to -inf
+    logits where the word constraints (runtime.constraints.WordConstraint: the model's
+    vocabulary, banned words, other tags' signature phrases), control tokens and unfillable
+    slots are masked to -inf
 
 Several requests are decoded together by :meth:`LineGenerator.generate_batch` (stacked
 keys/values, rows of different lengths left-padded and masked, lock-step decoding); a single
@@ -40,14 +42,15 @@ from typing import Any
 import numpy as np
 
 from runtime.constraints import (
-    BannedWordMask,
     RepeatMemory,
     SlotRules,
+    WordConstraint,
     WordState,
     check_sampling,
     fill_slots,
     normalise_line,
     read_constraints,
+    settled_text,
     stop_index,
     usable,
 )
@@ -82,7 +85,8 @@ class Line:
     ``fallback`` / ``fallback_reason``: an authored line was returned, and why (``deadline``,
     ``model_error``, ``unusable``, ``repeat``, ``model_unavailable``, ``cancelled`` by
     :meth:`LineGenerator.close`);
-    ``finish_reason``: ``eos``, ``length``, ``stop``, ``deadline``, ``error``, ``fallback``;
+    ``finish_reason``: ``eos``, ``length``, ``stop``, ``deadline``, ``error``, ``fallback``,
+    ``blocked`` (the word constraints left no token: the line ends at its last complete word);
     ``active_params_pct``: share of the model's parameters a decoded token touches;
     ``router_confidence``: mean top-1 router probability over the decoded tokens' MoE layers;
     ``seed``: the seed used (pass it back to reproduce the line); ``attempts``: samples drawn;
@@ -145,6 +149,7 @@ class _Prepared:
     prefix_len: int
     slot_values: dict[str, str]
     slot_block: np.ndarray | None  # token ids of slots the line must not use
+    banned: int | None  # the request's banned tags (WordConstraint.banned_bits)
     temperature: float
     top_p: float
     top_k: int
@@ -202,11 +207,14 @@ class LineGenerator:
     """NPC lines from an exported Flash model, with prefix caching, constraints and fallbacks.
 
     Build one with :meth:`load`. ``model`` may be None (fallback-only mode: every line is an
-    authored fallback with reason ``model_unavailable``).
+    authored fallback with reason ``model_unavailable``). ``banned_words``, ``vocabulary`` and
+    ``signatures`` make the word constraints (:class:`runtime.constraints.WordConstraint`,
+    ``self.mask``); a request bans the signatures of the tags it did not ask for.
     """
 
     def __init__(self, model: FlashOnnx | None, *, catalog: Mapping[str, Any], fallbacks: FallbackBook,
                  banned_words: Iterable[str] = (), slot_rules: SlotRules | None = None,
+                 vocabulary: Iterable[str] | None = None, signatures: Mapping[str, Iterable[str]] | None = None,
                  prefix_cache: PrefixCache | None = None, use_prefix_cache: bool = True,
                  name: str = "flash", temperature: float = 0.8, top_p: float = 0.95, top_k: int = 0,
                  repeat_window: int = 8, max_resamples: int = 2, workers: int = 1,
@@ -238,7 +246,7 @@ class LineGenerator:
             self.tokenizer = tok
             self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache(
                 fingerprint=self._fingerprint())
-            self.mask = BannedWordMask(self.banned_words, tok)
+            self.mask = WordConstraint(self.banned_words, tok, vocabulary=vocabulary, signatures=signatures)
             self.active_params_pct = active_params_percent(model.config)
             self._slot_ids = {s: tok._slot_id[s] for s in tok.catalog["slots"]}
         else:
@@ -293,7 +301,10 @@ class LineGenerator:
             log.exception("model at %s failed to load; serving fallback lines only", root)
             model = None
         catalog = model.catalog if model is not None and model.catalog else _read_catalog(root, model)
-        banned, rules = read_constraints(root)
+        try:
+            cons = read_constraints(root)
+        except ValueError as exc:
+            raise ModelLoadError(str(exc)) from exc
         fb_path = root / "fallbacks.json"
         try:
             fallbacks = FallbackBook.from_json(fb_path) if fb_path.is_file() else FallbackBook.from_line_book()
@@ -306,7 +317,8 @@ class LineGenerator:
         fingerprint = _fingerprint(model, root / file) if model is not None else ""
         cache = PrefixCache(max_bytes=cache_bytes, disk_dir=cache_dir, default_ttl=default_ttl,
                             ttl_seconds=cache_ttl, fingerprint=fingerprint)
-        gen = cls(model, catalog=catalog, fallbacks=fallbacks, banned_words=banned, slot_rules=rules,
+        gen = cls(model, catalog=catalog, fallbacks=fallbacks, banned_words=cons.banned_words,
+                  slot_rules=cons.slot_rules, vocabulary=cons.vocabulary, signatures=cons.signatures,
                   prefix_cache=cache, **options)
         if cache_dir is not None:
             cache.preload()
@@ -333,15 +345,18 @@ class LineGenerator:
         root, _ = _resolve_bundle(Path(path) if path is not None else DEFAULT_MODEL_DIR, "model.int4.onnx")
         if not root.is_dir():
             raise ModelLoadError(f"{root}: not a model directory or bundle")
-        banned, rules = read_constraints(root)
+        try:
+            cons = read_constraints(root)
+        except ValueError as exc:
+            raise ModelLoadError(str(exc)) from exc
         fb_path = root / "fallbacks.json"
         try:
             fallbacks = FallbackBook.from_json(fb_path) if fb_path.is_file() else FallbackBook.from_line_book()
         except ValueError as exc:
             raise ModelLoadError(str(exc)) from exc
         options.setdefault("name", root.name or "flash")
-        gen = cls(None, catalog=_read_catalog(root, None), fallbacks=fallbacks, banned_words=banned,
-                  slot_rules=rules, **options)
+        gen = cls(None, catalog=_read_catalog(root, None), fallbacks=fallbacks, banned_words=cons.banned_words,
+                  slot_rules=cons.slot_rules, **options)
         gen.load_ms = (time.perf_counter() - t0) * 1e3
         return gen
 
@@ -395,8 +410,9 @@ class LineGenerator:
 
         The pieces concatenate to the returned line's text (``stream.line`` once exhausted).
         Pieces are held back while the line could still turn out to be a repeat or have no
-        words, so a line that is resampled or replaced by a fallback is never half shown; a
-        deadline that expires after text was shown ends the line there instead of replacing it.
+        words, so a line that is resampled or replaced by a fallback is never half shown, and a
+        word shows once it is complete; a deadline that expires (or a dead end of the word
+        constraints that comes) after text was shown ends the line there instead of replacing it.
         """
         t0 = time.perf_counter()
         return LineStream(self, self._prepare(LineRequest(npc, state, **kwargs), t0))
@@ -559,13 +575,14 @@ class LineGenerator:
         blocked_slots = [s for s in cat["slots"] if s not in allowed or s not in slot_values]
         slot_block = (np.asarray([self._slot_ids[s] for s in blocked_slots], dtype=np.int64)
                       if self.model is not None and blocked_slots else None)
+        banned = self.mask.banned_bits(req.npc, persona, closed) if self.model is not None else None
         if req.seed is None:
             with self._seed_lock:
                 seed = int(self._seed_rng.integers(2**31))
         else:
             seed = int(req.seed)
         deadline = None if req.deadline_ms is None else t0 + req.deadline_ms / 1e3
-        return _Prepared(req, ids, prefix_len, slot_values, slot_block, float(temperature), float(top_p),
+        return _Prepared(req, ids, prefix_len, slot_values, slot_block, banned, float(temperature), float(top_p),
                          int(top_k), seed, t0, deadline)
 
     @staticmethod
@@ -639,8 +656,8 @@ class LineGenerator:
                     yield line.text[len(shown):]
                 yield line
                 return
-            reason = why or reason
-            if why != "repeat":  # only a repeat is worth another sample
+            reason = "unusable" if why == "blocked" else why or reason
+            if why not in ("repeat", "blocked"):  # only these depend on the sample drawn
                 break
             with self._stats_lock:
                 self._counts["resamples"] += 1
@@ -664,6 +681,8 @@ class LineGenerator:
         raw = self._row_raw(row).replace("\ufffd", "").strip()
         mean_lp = _mean_logprob(row.scored, row.tokens)
         if not shown:
+            if row.finish == "blocked":
+                return None, "blocked"  # cut short at a dead end: another sample, else a fallback
             if usable(raw) is not None:
                 return None, "unusable"
             if self.min_mean_logprob is not None and mean_lp is not None and mean_lp < self.min_mean_logprob:
@@ -839,6 +858,10 @@ class LineGenerator:
                 r.finish = "deadline"
                 return None, False
             tok = self._sample(r, row_logits, eos)
+            if tok is None and r.state.mode:
+                # a dead end inside a word: the line ends at its last complete word
+                r.finish, r.cut = "blocked", len(settled_text(self.tokenizer.decode(r.tokens)))
+                return None, False
             if tok is None or tok == eos:
                 r.finish = "eos"
                 return None, False
@@ -870,7 +893,7 @@ class LineGenerator:
         """Sample the next token of ``r`` with its masks applied (None if every token is blocked)."""
         row = logits.astype(np.float32, copy=True)
         n = len(r.tokens)
-        row[self.mask.blocked(r.state, last=n + 1 >= r.budget)] = -np.inf
+        self.mask.mask_logits(row, r.state, last=n + 1 >= r.budget, banned=r.prep.banned)
         if r.prep.slot_block is not None:
             row[r.prep.slot_block] = -np.inf
         if n < r.prep.req.min_tokens:
@@ -915,6 +938,8 @@ class _StreamGate:
         raw = self.gen._row_raw(row)
         if row.cut < 0 and self.hold:
             raw = raw[: max(0, len(raw) - self.hold)]
+        if row.finish is None:  # a word still being spelled shows once it is complete
+            raw = settled_text(raw)
         raw = raw.rstrip("\ufffd").replace("\ufffd", "").lstrip().rstrip()
         if not self.shown:
             if usable(raw) is not None:

@@ -1,7 +1,7 @@
 """Continuous batching over the shipped INT4 ONNX graph: the dialogue server's CPU engine.
 
 :class:`OrtBatchedEngine` is a :class:`runtime.batched_engine.BatchedEngine` (same requests,
-results, admission, sampling, banned-word masks and streaming; a request's tokens depend
+results, admission, sampling, word-constraint masks and streaming; a request's tokens depend
 only on its seed) whose forward pass is one onnxruntime call of the shipped graph
 (``model.int4.onnx``: MatMulNBits attention, QMoE experts) instead of PyTorch eager.
 
@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from runtime.batched_engine import BatchedEngine, _Seq
+from runtime.constraints import WordConstraint
 from runtime.model import FlashConfig
 from runtime.onnx_model import FlashOnnx
 
@@ -44,7 +45,7 @@ class OrtBatchedEngine(BatchedEngine):
     sets the same for torch's sampling ops)."""
 
     def __init__(self, model: FlashOnnx, *, max_batch: int = 64, max_prefill_tokens: int | None = None,
-                 banned_words: Sequence[str] = ()) -> None:
+                 banned_words: Sequence[str] = (), words: WordConstraint | None = None) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if model.tokenizer is None:
@@ -61,7 +62,7 @@ class OrtBatchedEngine(BatchedEngine):
         self.n_moe = self.config.n_layer if self.config.n_expert > 1 else 0
         self.moe_impl = "ort-qmoe"
         self.cuda_graphs = False
-        self._init_rows(max_batch, max_prefill_tokens, banned_words)
+        self._init_rows(max_batch, max_prefill_tokens, words or WordConstraint(banned_words, self.tokenizer))
         # the last step's outputs, stacked lazily (see _materialize); _order: compaction since
         self._groups: list[tuple[list[np.ndarray], np.ndarray]] = [
             (model.empty_past(0), np.zeros((0, 0), dtype=np.int64))]
@@ -72,14 +73,16 @@ class OrtBatchedEngine(BatchedEngine):
     @classmethod
     def load(cls, model_dir: str | Path | None = None, *, threads: int = 1,
              **options: Any) -> OrtBatchedEngine:  # type: ignore[override]
-        """The shipped model (or ``model_dir``) with its banned words."""
+        """The shipped model (or ``model_dir``) with its word constraints."""
         from runtime.constraints import read_constraints
         from runtime.paths import DEFAULT_MODEL_DIR
 
         root = Path(model_dir) if model_dir is not None else DEFAULT_MODEL_DIR
-        banned, _ = read_constraints(root)
-        options.setdefault("banned_words", banned)
-        return cls(FlashOnnx.load(root, threads=threads), **options)
+        model = FlashOnnx.load(root, threads=threads)
+        if "words" not in options and "banned_words" not in options:
+            assert model.tokenizer is not None
+            options["words"] = read_constraints(root).word_constraint(model.tokenizer)
+        return cls(model, **options)
 
     # ------------------------------------------------------------ forward
 

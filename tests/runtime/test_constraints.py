@@ -144,16 +144,17 @@ def test_out_of_range_sampling_parameters_raise(kwargs, match):
 
 
 def test_constraints_come_from_the_line_book_or_a_constraints_file(tmp_path):
-    banned, rules = read_constraints()
+    cons = read_constraints()
+    banned, rules = cons.banned_words, cons.slot_rules
     book = load_line_book()
-    assert banned == book.banned_words
+    assert banned == book.banned_words and cons.vocabulary is None
     for arch, state, intent in [("guard", "working", "trade"), ("child", "flee", "ask_directions")]:
         assert rules.allowed(arch, state, intent) == book.allowed_slots(arch, state, intent)
     (tmp_path / "constraints.json").write_text(json.dumps({
         "banned_words": ["robot"], "slots": ["player"],
         "slot_rules": {"archetype": {"guard": ["player"]}, "state": {}, "intent": {}}}))
-    banned, rules = read_constraints(tmp_path)
-    assert banned == ["robot"] and rules.allowed("guard", "idle", "greet") == {"player"}
+    cons = read_constraints(tmp_path)
+    assert cons.banned_words == ["robot"] and cons.slot_rules.allowed("guard", "idle", "greet") == {"player"}
     (tmp_path / "constraints.json").write_text("{}")
     with pytest.raises(ValueError, match=r"constraints\.json: not a constraints file"):
         read_constraints(tmp_path)

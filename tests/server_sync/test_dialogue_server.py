@@ -34,13 +34,14 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def make_service(loaded: Any, **kw: Any) -> DialogueService:
     model, tok, root = loaded
-    banned, rules = read_constraints(root)
-    eng = BatchedEngine(model, tok, max_batch=32, banned_words=banned)
-    solo = BatchedEngine(model, tok, max_batch=1, banned_words=banned, use_block_cache=False)
+    cons = read_constraints(root)
+    words = cons.word_constraint(tok)
+    eng = BatchedEngine(model, tok, max_batch=32, words=words)
+    solo = BatchedEngine(model, tok, max_batch=1, words=words, use_block_cache=False)
     kw.setdefault("default_deadline_ms", 30_000)
     kw.setdefault("min_mean_logprob", None)  # the tiny model is random: keep its lines
     return DialogueService(eng, fallbacks=FallbackBook.from_json(root / "fallbacks.json"),
-                           catalog=tok.catalog, slot_rules=rules, solo_engine=solo, **kw)
+                           catalog=tok.catalog, slot_rules=cons.slot_rules, solo_engine=solo, **kw)
 
 
 def cat(loaded: Any, key: str, i: int = 0) -> str:
@@ -255,9 +256,14 @@ async def test_two_hundred_sessions_on_twenty_connections_all_get_lines_and_clos
             await peer.send({"t": "request_line", "rid": 100 + k, "session": sid, "seed": k,
                              "intent": cat(loaded, "intents", k % 3), "max_tokens": 6,
                              "stream": k % 2 == 0})
-        lines = [(await peer.until("line", 100 + k))[0] for k in range(per_conn)]
+        # lines come in the order they finish (a resampled one comes later), not as requested
+        lines: dict[int, dict[str, Any]] = {}
+        while len(lines) < per_conn:
+            m = await peer.recv()
+            if m["t"] == "line":
+                lines[m["rid"]] = m
         await peer.ws.close()
-        return lines
+        return [lines[100 + k] for k in range(per_conn)]
 
     results = await asyncio.gather(*[player(i) for i in range(n_conns)])
     lines = [x for r in results for x in r]
