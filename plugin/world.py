@@ -192,7 +192,7 @@ class World:
                  approach_radius: float = 4.0, cell_size: float = 8.0, state_key: str = "state",
                  state_map: Mapping[str, str] | None = None,
                  context_keys: Mapping[str, str] | None = None, factory: Factory | None = None,
-                 max_tokens: int = 32, max_regenerations: int = 2, recent_lines: int = 100,
+                 max_tokens: int = 48, max_regenerations: int = 2, recent_lines: int = 100,
                  mode: str = "local", approach_barks: bool = True) -> None:
         if mode not in ("local", "client"):
             raise WorldError(f"World: mode must be 'local' or 'client', got {mode!r}")

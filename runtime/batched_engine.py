@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from runtime.block_cache import BlockCache
-from runtime.constraints import WordConstraint, WordState
+from runtime.constraints import VETO, WordConstraint, WordState
 from runtime.model import MLP, Flash, FlashConfig, MoE
 from runtime.paths import DEFAULT_MODEL_DIR
 from runtime.quant import fake_quant_int4
@@ -282,7 +282,7 @@ class GenRequest:
     ids: Sequence[int]
     seed: int = 0
     attempt: int = 0
-    max_tokens: int = 32
+    max_tokens: int = 48
     min_tokens: int = 0
     temperature: float = 0.8
     top_k: int = 50
@@ -538,17 +538,18 @@ class BatchedEngine:
         with torch.inference_mode():
             logits, conf = self._run(n_dec, new)
             self._store_blocks(new)
-            toks, lps = self._sample(logits)
+            toks, lps, veto = self._sample(logits)
         now = time.perf_counter()
         b = len(self.rows)
-        cols = [toks.double(), lps.double()] + ([conf.double()] if conf is not None else [])
+        cols = [toks.double(), lps.double(), veto.double()] + ([conf.double()] if conf is not None else [])
         out = torch.stack(cols, dim=1).cpu().numpy()
         self.steps += 1
         tok = out[:, 0].astype(np.int64)
         cancelled = np.fromiter((s.cancelled for s in self.rows), dtype=bool, count=b)
         emit = ~cancelled & (tok >= 0) & (tok != self.eos)
         # every token blocked inside a word: a dead end (at a word boundary it reads as eos)
-        stuck = (tok < 0) & np.fromiter((st.mode != 0 for st in self._state[:b]), dtype=bool, count=b)
+        stuck = (tok < 0) & (np.fromiter((st.mode != 0 for st in self._state[:b]), dtype=bool, count=b)
+                             | (out[:, 2] > 0))
         idx = np.nonzero(emit)[0]
         t_idx = tok[idx]
         n_idx = self._n[idx]
@@ -556,7 +557,7 @@ class BatchedEngine:
         self._times[idx, n_idx] = now
         self._lp[idx] += out[idx, 1]
         if conf is not None:
-            self._conf[idx] += out[idx, 2]
+            self._conf[idx] += out[idx, 3]
         self._n[idx] = n_idx + 1
         self._next[idx] = t_idx
         step = self.words.step
@@ -898,8 +899,10 @@ class BatchedEngine:
 
     # ------------------------------------------------------------ sampling
 
-    def _sample(self, logits: Tensor) -> tuple[Tensor, Tensor]:
-        """(token per row, -1 where every token is blocked; its log-probability)."""
+    def _sample(self, logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(token per row, -1 where every token is blocked or the sample is vetoed; its
+        log-probability; whether it was vetoed: the most likely token blocked and holding more
+        than VETO of the probability, as :func:`runtime.constraints.vetoed`)."""
         b = len(self.rows)
         dev = self.device
         n = self._n[:b]
@@ -911,11 +914,14 @@ class BatchedEngine:
         blocked = torch.as_tensor(self._word_mask[:b], device=dev) | self._extra_block[:b]
         blocked[:, self.eos] |= hd[:, 1] > 0
         masked = logits.masked_fill(blocked, float("-inf"))
-        alive = torch.isfinite(masked).any(dim=-1)
+        top = logits.argmax(dim=-1, keepdim=True)
+        p_top = torch.exp(logits.gather(1, top).squeeze(1).double() - torch.logsumexp(logits.double(), dim=-1))
+        veto = blocked.gather(1, top).squeeze(1) & (p_top > VETO)
+        alive = torch.isfinite(masked).any(dim=-1) & ~veto
         u = counter_uniform(keys, hd[:, 5].long())
         tok = sample_rows(masked.masked_fill(~alive.unsqueeze(1), 0.0), u, hd[:, 2], hd[:, 3].long(), hd[:, 4])
         lp = logits.gather(1, tok.unsqueeze(1)).squeeze(1) - torch.logsumexp(logits, dim=-1)
-        return torch.where(alive, tok, torch.full_like(tok, -1)), lp
+        return torch.where(alive, tok, torch.full_like(tok, -1)), lp, veto
 
     # ------------------------------------------------------------ bookkeeping
 

@@ -1012,13 +1012,15 @@ class Constraints:
     line may hold; ``vocabulary``: every word a line may complete; ``signatures``: ``{tag:
     [phrases]}`` that voice one tag only (see :meth:`WordConstraint.banned_bits`). The last two
     are None for a file that predates them: then no vocabulary constraint and no conditional
-    phrases apply.
+    phrases apply. ``slot_defaults``: ``{slot: text}`` filled in where a request gives no value
+    for a slot its line may hold (None or missing: such slots are blocked while sampling).
     """
 
     banned_words: list[str]
     slot_rules: SlotRules
     vocabulary: tuple[str, ...] | None = None
     signatures: Mapping[str, tuple[str, ...]] | None = None
+    slot_defaults: Mapping[str, str] | None = None  # what a line says for a slot the game left unfilled
 
     def word_constraint(self, tokenizer: Tokenizer, **options: Any) -> WordConstraint:
         """The token masks these constraints make for ``tokenizer`` (options: :class:`WordConstraint`'s)."""
@@ -1035,6 +1037,8 @@ class Constraints:
             data["vocabulary"] = sorted(self.vocabulary)
         if self.signatures is not None:
             data["signatures"] = {tag: list(p) for tag, p in sorted(self.signatures.items())}
+        if self.slot_defaults:
+            data["slot_defaults"] = dict(self.slot_defaults)
         return data
 
     @classmethod
@@ -1062,7 +1066,32 @@ class Constraints:
                 if not isinstance(phrases, list) or not all(isinstance(p, str) and _words_of(p) for p in phrases):
                     raise ValueError(f"signatures[{tag!r}] must be a list of phrases")
             signatures = {tag: tuple(p) for tag, p in signatures.items()}
-        return cls(list(banned), slot_rules, vocabulary, signatures)
+        defaults = data.get("slot_defaults")
+        if defaults is not None and not (isinstance(defaults, dict) and all(
+                k in slot_rules.slots and isinstance(v, str) and v.strip() for k, v in defaults.items())):
+            raise ValueError("slot_defaults must map known slots to non-empty text")
+        return cls(list(banned), slot_rules, vocabulary, signatures, defaults)
+
+
+VETO = 0.5
+
+
+def vetoed(raw: np.ndarray, masked: np.ndarray, threshold: float = VETO) -> bool:
+    """Whether a sample should be abandoned rather than steered: the model's most likely next
+    token (``raw``, the unmasked logits row) is one the constraints block (-inf in ``masked``)
+    and holds more than ``threshold`` of the probability at temperature 1.
+
+    Then the line is heading for something the book never says for this request (another
+    trait's "I'm hopeless with words", a hostile "No one trusts you" for an honored player);
+    masking that one token would force an unlikely one and the line would derail into word
+    salad, so the engines end the sample as ``blocked`` and draw another, and a fallback
+    after the last attempt.
+    """
+    top = int(np.argmax(raw))
+    if np.isfinite(masked[top]):
+        return False
+    z = raw.astype(np.float64, copy=False)
+    return float(1.0 / np.exp(z - z[top]).sum()) > threshold
 
 
 def read_constraints(model_dir: str | Path | None = None, book_path: str | Path | None = None) -> Constraints:
@@ -1091,6 +1120,7 @@ def read_constraints(model_dir: str | Path | None = None, book_path: str | Path 
     files = sorted(p for p in root.iterdir() if p.suffix in (".yaml", ".yml")) if root.is_dir() else [root]
     banned: list[str] = []
     slots: list[str] = []
+    defaults: dict[str, str] = {}
     rules: dict[str, dict[str, frozenset[str]]] = {"archetypes": {}, "states": {}, "intents": {}}
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     for file in files:
@@ -1102,10 +1132,12 @@ def read_constraints(model_dir: str | Path | None = None, book_path: str | Path 
             if str(word).strip().lower() not in banned:
                 banned.append(str(word).strip().lower())
         slots += [str(s) for s in doc.get("slots") or () if str(s) not in slots]
+        defaults.update({str(k): str(v) for k, v in (doc.get("slot_defaults") or {}).items()})
         for section, table in rules.items():
             for name, spec in (doc.get(section) or {}).items():
                 table[str(name)] = frozenset((spec or {}).get("slots") or ()) if isinstance(spec, dict) else frozenset()
-    return Constraints(banned, SlotRules(tuple(slots), rules["archetypes"], rules["states"], rules["intents"]))
+    return Constraints(banned, SlotRules(tuple(slots), rules["archetypes"], rules["states"], rules["intents"]),
+                       slot_defaults=defaults or None)
 
 
 def usable(text: str) -> str | None:

@@ -310,10 +310,11 @@ class DialogueService:
     """Dialogue sessions over a :class:`BatchedEngine`; see the module docstring."""
 
     def __init__(self, engine: BatchedEngine, *, fallbacks: FallbackBook, catalog: Mapping[str, Any],
-                 slot_rules: SlotRules | None = None, solo_engine: BatchedEngine | None = None,
+                 slot_rules: SlotRules | None = None, slot_defaults: Mapping[str, str] | None = None,
+                 solo_engine: BatchedEngine | None = None,
                  max_queue: int = 1024, max_sessions: int = 100_000, default_deadline_ms: float = 1000.0,
                  latency_budget_ms: float = 300.0, breaker: CircuitBreaker | None = None,
-                 max_tokens: int = 24, temperature: float = 0.8, top_k: int = 50, top_p: float = 0.95,
+                 max_tokens: int = 48, temperature: float = 0.8, top_k: int = 50, top_p: float = 0.95,
                  repeat_window: int = 8, max_resamples: int = 1, min_mean_logprob: float | None = -5.0,
                  name: str = "flash", cpu_threads: int | None = 1, warm_up: bool = True) -> None:
         if max_queue < 0 or max_sessions < 1 or default_deadline_ms <= 0:
@@ -325,6 +326,7 @@ class DialogueService:
         self.catalog = {k: (dict(v) if isinstance(v, Mapping) else list(v)) for k, v in catalog.items()}
         self.fallbacks = fallbacks
         self.slot_rules = slot_rules
+        self.slot_defaults = dict(slot_defaults or {})
         self.max_queue, self.max_sessions = max_queue, max_sessions
         self.default_deadline_ms = default_deadline_ms
         self.latency_budget_ms = latency_budget_ms
@@ -393,7 +395,8 @@ class DialogueService:
                                   use_block_cache=False) if solo_lane else None)
         fb = Path(root if model_dir is not None else DEFAULT_MODEL_DIR) / "fallbacks.json"
         fallbacks = FallbackBook.from_json(fb) if fb.is_file() else FallbackBook.from_line_book()
-        return cls(batched, fallbacks=fallbacks, catalog=tok.catalog, slot_rules=cons.slot_rules, solo_engine=solo,
+        return cls(batched, fallbacks=fallbacks, catalog=tok.catalog, slot_rules=cons.slot_rules,
+                   slot_defaults=cons.slot_defaults, solo_engine=solo,
                    **options)
 
     # ------------------------------------------------------------ lifecycle
@@ -576,7 +579,7 @@ class DialogueService:
         s = self.session(session_id)
         ctx = {**s.context, **(context or {})}
         closed = {k: v for k, v in ctx.items() if k not in self._slot_ids}
-        slot_values = {k: v for k, v in ctx.items() if k in self._slot_ids}
+        slot_values = {**self.slot_defaults, **{k: v for k, v in ctx.items() if k in self._slot_ids}}
         ids, _ = self.tokenizer.encode_prompt(s.npc, s.persona, s.state, intent, closed)
         allowed = set(self._slot_ids)
         if self.slot_rules is not None:

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from runtime.batch_generate import generate_ids_batch
-from runtime.constraints import WordConstraint
+from runtime.constraints import WordConstraint, settled_text
 from runtime.linebook import Example, LineBook, load_line_book
 from runtime.onnx_model import FlashOnnx
 from runtime.paths import DEFAULT_MODEL_DIR
@@ -65,7 +65,7 @@ class EvalConfig:
     ppl_examples: int = 1000
     temperature: float = 0.8
     top_p: float = 0.95
-    max_tokens: int = 40
+    max_tokens: int = 48
     seed: int = 0
     # writer measures (runtime.writer_eval), per prompt shape x {seen, held-out} cell
     writer_samples: int = 1000  # lines
@@ -112,12 +112,28 @@ class Sampler:
         prompts = [tok.encode_prompt(a, p, s, i, c)[0] for a, p, s, i, c in requests]
         seeds = [seed * 1_000_003 + k for k in range(len(requests))]
         blocked = [self.blocked_ids(a, s, i) for a, _p, s, i, _c in requests]
-        ids = generate_ids_batch(
-            self.model, prompts, seeds=seeds, blocked=blocked, max_tokens=self.cfg.max_tokens,
-            temperature=self.cfg.temperature, top_p=self.cfg.top_p, words=self.words,
-            banned=[self.words.banned_bits(a, p, c, static=False) for a, p, _s, _i, c in requests],
-        )
-        return [tok.decode(x) for x in ids]
+        banned = [self.words.banned_bits(a, p, c, static=False) for a, p, _s, _i, c in requests]
+        ids: list[list[int]] = [[] for _ in requests]
+        todo = list(range(len(requests)))
+        # a sample the constraints stop (a dead end or a veto) is drawn again, as the engine
+        # does (max_resamples = 2); where the engine would then fall back, the last attempt's
+        # whole words are kept, so those count against the model
+        for attempt in range(3):
+            stopped = [False] * len(todo)
+            got = generate_ids_batch(
+                self.model, [prompts[k] for k in todo], seeds=[seeds[k] + 7919 * attempt for k in todo],
+                blocked=[blocked[k] for k in todo], max_tokens=self.cfg.max_tokens,
+                temperature=self.cfg.temperature, top_p=self.cfg.top_p, words=self.words,
+                banned=[banned[k] for k in todo], stopped=stopped)
+            for k, x in zip(todo, got):
+                ids[k] = x
+            todo = [k for k, flag in zip(todo, stopped) if flag]
+            if not todo:
+                break
+        texts = [tok.decode(x) for x in ids]
+        for k in todo:  # stopped on every attempt: the engine would fall back; keep its whole words
+            texts[k] = settled_text(texts[k]).rstrip()
+        return texts
 
 
 def line_nll(model: FlashOnnx, examples: Sequence[Example], batch_size: int = 32) -> tuple[float, int]:

@@ -53,6 +53,7 @@ from runtime.constraints import (
     settled_text,
     stop_index,
     usable,
+    vetoed,
 )
 from runtime.fallback import FallbackBook
 from runtime.metrics import EngineMetrics
@@ -127,7 +128,7 @@ class LineRequest:
     intent: str = "approach"
     context: Mapping[str, str] | None = None
     seed: int | None = None
-    max_tokens: int = 32
+    max_tokens: int = 48
     min_tokens: int = 0
     temperature: float | None = None
     top_p: float | None = None
@@ -177,6 +178,7 @@ class _Row:
     finish: str | None = None
     cut: int = -1  # character index of a stop string in the decoded text
     hit: bool = False
+    vetoed: bool = False  # the sample was abandoned (runtime.constraints.vetoed)
 
 
 def _percentile(values: Sequence[float], q: float) -> float | None:
@@ -317,6 +319,7 @@ class LineGenerator:
         fingerprint = _fingerprint(model, root / file) if model is not None else ""
         cache = PrefixCache(max_bytes=cache_bytes, disk_dir=cache_dir, default_ttl=default_ttl,
                             ttl_seconds=cache_ttl, fingerprint=fingerprint)
+        options.setdefault("slot_defaults", cons.slot_defaults)
         gen = cls(model, catalog=catalog, fallbacks=fallbacks, banned_words=cons.banned_words,
                   slot_rules=cons.slot_rules, vocabulary=cons.vocabulary, signatures=cons.signatures,
                   prefix_cache=cache, **options)
@@ -386,7 +389,7 @@ class LineGenerator:
                 for k, v in self._catalog.items()}
 
     def generate(self, npc: str, state: str, *, persona: Sequence[str] | None = None, intent: str = "approach",
-                 context: Mapping[str, str] | None = None, seed: int | None = None, max_tokens: int = 32,
+                 context: Mapping[str, str] | None = None, seed: int | None = None, max_tokens: int = 48,
                  temperature: float | None = None, top_p: float | None = None, deadline_ms: float | None = None,
                  **more: Any) -> Line:
         """One line for ``npc`` (an archetype) in ``state``; never raises for a valid request.
@@ -858,7 +861,7 @@ class LineGenerator:
                 r.finish = "deadline"
                 return None, False
             tok = self._sample(r, row_logits, eos)
-            if tok is None and r.state.mode:
+            if tok is None and (r.state.mode or r.vetoed):
                 # a dead end inside a word: the line ends at its last complete word
                 r.finish, r.cut = "blocked", len(settled_text(self.tokenizer.decode(r.tokens)))
                 return None, False
@@ -899,6 +902,9 @@ class LineGenerator:
         if n < r.prep.req.min_tokens:
             row[eos] = -np.inf
         if not np.isfinite(row).any():
+            return None
+        if vetoed(logits, row):
+            r.vetoed = True
             return None
         tok = sample_next(row, r.rng, temperature=r.prep.temperature, top_k=r.prep.top_k, top_p=r.prep.top_p)
         if r.ttft is None:

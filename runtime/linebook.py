@@ -321,6 +321,7 @@ _MAP_SECTIONS = (
     "fallbacks",
     "phrases",
     "own_lines",
+    "slot_defaults",
     "expansion",
 )
 _LIST_SECTIONS = ("slots", "banned_words", "compose", "heldout_pairs")
@@ -393,6 +394,15 @@ class LineBook:
                 if name in self.slots:
                     raise rd.fail(item, f"slots[{i}]", f"duplicate slot {name!r}")
                 self.slots.append(name)
+        self.slot_defaults: dict[str, str] = {}
+        for rd, name, key, value in raw.sections.get("slot_defaults", []):
+            f = f"slot_defaults.{name}"
+            if name not in self.slots:
+                raise rd.fail(key, f, _unknown("slot", name, self.slots))
+            text = rd.string(value, f).strip()
+            if not text or re.search(r"[\[\]{}()|]", text):
+                raise rd.fail(value, f, "needs plain text (no markup)")
+            self.slot_defaults[name] = text
         self.banned_words = []
         for rd, node in raw.lists.get("banned_words", []):
             for i, item in enumerate(rd.seq(node, "banned_words")):

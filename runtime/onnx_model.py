@@ -182,7 +182,7 @@ class FlashOnnx:
         out = self.session.run(self._outputs, feeds)
         return out[self._logits_at], [out[i] for i in self._present_at], out[self._router_at]
 
-    def generate_ids(self, prompt_ids: Sequence[int], *, max_tokens: int = 32,
+    def generate_ids(self, prompt_ids: Sequence[int], *, max_tokens: int = 48,
                      temperature: float = 0.8, top_k: int = 0, top_p: float = 0.95,
                      seed: int | None = None, eos_id: int | None = None) -> list[int]:
         """Sample a continuation of ``prompt_ids``: prefill once, then one token per step with the KV cache.
@@ -219,7 +219,7 @@ class FlashOnnx:
     def generate(self, archetype: str, state: str, *, persona: Sequence[str] = (),
                  intent: str = "approach",
                  context: Mapping[str, str] | Iterable[tuple[str, str]] | None = None,
-                 seed: int | None = None, max_tokens: int = 32, temperature: float = 0.8,
+                 seed: int | None = None, max_tokens: int = 48, temperature: float = 0.8,
                  top_p: float = 0.95) -> str:
         """One line for the request; slot markers such as ``{player}`` are left in the text."""
         if self.tokenizer is None:

@@ -335,3 +335,12 @@ def test_lint_names_the_fragments_of_a_dropped_artifact(tmp_path: Path) -> None:
     coda = f":{line_of(text, 'So so dull.')}"
     assert all(any(s.endswith(coda) for s in p.sources) for p in problems)
     assert not any("So so" in e.text for e in book.examples())
+
+
+def test_slot_defaults_name_known_slots_and_plain_text(tmp_path: Path) -> None:
+    ok = load_line_book(write(tmp_path, MINI + "slot_defaults:\n  player: friend\n"))
+    assert ok.slot_defaults == {"player": "friend"}
+    err = error_for(tmp_path, MINI + "slot_defaults:\n  item: that\n")
+    assert err.field == "slot_defaults.item" and "unknown slot 'item'" in err.problem
+    err = error_for(tmp_path, MINI + "slot_defaults:\n  player: '[address]'\n")
+    assert err.field == "slot_defaults.player" and "plain text" in err.problem

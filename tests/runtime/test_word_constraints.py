@@ -264,16 +264,17 @@ def test_evaluation_sampling_decodes_as_the_line_engine(words, tok):
     """``generate_ids_batch`` with the word constraints gives the engine's tokens for the same seeds
     (one prompt per call, so both run the very same graph calls: batched calls may differ from
     single ones in the last float bits, which can flip a near-tie, with or without constraints)."""
-    engine = LineGenerator.load(use_prefix_cache=False, max_resamples=0, min_mean_logprob=None)
+    # no slot defaults: slots the request does not fill are blocked, as the eval blocks them here
+    engine = LineGenerator.load(use_prefix_cache=False, max_resamples=0, min_mean_logprob=None, slot_defaults={})
     cat = engine.catalog()
-    reqs = village(cat, 16, seed=7)
+    reqs = village(cat, 40, seed=7)  # with no resample, vetoed samples fall back and are skipped
     lines = [engine.generate_request(r) for r in reqs]
     slots = np.asarray([tok.id_of(f"<slot:{s}>") for s in cat["slots"]])
     ids = []
     for r in reqs:
         closed = {k: v for k, v in (r.context or {}).items() if k in cat["context"]}
         prompt = tok.encode_prompt(r.npc, r.persona or (), r.state, r.intent, closed)[0]
-        ids += generate_ids_batch(engine.model, [prompt], seeds=[r.seed], blocked=[slots], max_tokens=32,
+        ids += generate_ids_batch(engine.model, [prompt], seeds=[r.seed], blocked=[slots], max_tokens=48,
                                   words=words, banned=[words.banned_bits(r.npc, r.persona or (), closed)])
     compared = [(line.tokens, tuple(x)) for line, x in zip(lines, ids) if not line.fallback]
     assert len(compared) >= 12
