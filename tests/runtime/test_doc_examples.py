@@ -113,8 +113,6 @@ def test_block_runner_substitutes_the_seed_and_records_each_line(monkeypatch):
     assert raw == direct.raw_text
 
 
-@pytest.mark.xfail(strict=False, reason="the shipped model predates line book v2: model v2 retraining "
-                                        "(new vocabulary, signatures, every prompt shape) should clear it")
 @pytest.mark.parametrize("code", [_param(where, code) for where, code in doc_blocks()])
 def test_documented_example_lines_are_clean(code, judge, monkeypatch):
     problems = []
