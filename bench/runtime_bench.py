@@ -50,6 +50,7 @@ class Peer:
     p99: list[float] = field(default_factory=list)
     ttft: list[float] = field(default_factory=list)
     fallbacks: int = 0
+    resampled: int = 0  # lines that took more than one sample (a dead end, a repeat)
 
 
 def village(gen: LineGenerator, n_npcs: int = 24, seed: int = 0) -> list[dict]:
@@ -87,6 +88,7 @@ def run_block(peer: Peer, reqs: list[LineRequest]) -> None:
         if line.ttft_ms is not None:
             ttft.append(line.ttft_ms)
         peer.fallbacks += line.fallback
+        peer.resampled += line.attempts > 1
     peer.p50.append(float(np.percentile(lat, 50)))
     peer.p99.append(float(np.percentile(lat, 99)))
     peer.ttft.append(float(np.percentile(ttft, 50)) if ttft else float("nan"))
@@ -328,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nword constraints ({vocab}): p50 {med(ref.p50):.2f} ms with vs {med(plain_peer.p50):.2f} ms without "
           f"({med(ref.p50) / med(plain_peer.p50):.3f}x, +{100 * (med(ref.p50) / med(plain_peer.p50) - 1):.1f}% of a "
           f"line); p99 {med(ref.p99):.2f} vs {med(plain_peer.p99):.2f} ms; fallbacks {ref.fallbacks} vs "
-          f"{plain_peer.fallbacks}")
+          f"{plain_peer.fallbacks}; lines resampled {ref.resampled} vs {plain_peer.resampled} "
+          f"(of {args.reps * args.lines})")
     nocache = next(p for p in peers if p.name == "int4 no-cache")
     share = hit_tokens / prompt_tokens
     print(f"\nprefix cache: TTFT p50 {med(ref.ttft):.2f} ms on a hit vs {med(nocache.ttft):.2f} ms without "
@@ -345,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({
             "peers": {p.name: {"p50_ms": med(p.p50), "p99_ms": med(p.p99), "ttft_p50_ms": med(p.ttft),
-                               "fallbacks": p.fallbacks} for p in peers},
+                               "fallbacks": p.fallbacks, "resampled": p.resampled} for p in peers},
             "word_constraints_ratio": med(ref.p50) / med(plain_peer.p50),
             "prefix_share": share, "batch16_ms": many, "single16_ms": one,
             "iobinding_ms": bound_ms, "iobinding_prealloc_ms": prealloc_ms, "plain_ms": plain_ms, **fresh},

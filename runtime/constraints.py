@@ -21,10 +21,16 @@ blocks every token that would
   ask for) and a token is blocked when a phrase it completes has a banned tag;
 * **lead into a dead end** (with a vocabulary, not at the end of the line): leave the word
   being spelled where it could neither end (no word, or ending it completes a banned phrase)
-  nor go on to a word that is no banned single-word phrase. Dead ends this does not foresee
-  (phrases of several words further on, a budget too short to finish a word) leave every token
-  blocked; the engines then end the row (finish ``blocked``), show only its complete words
-  (:func:`settled_text`) and prefer another sample or a fallback line.
+  nor go on to a word that is not blocked. Two sound judgements decide "not blocked" (each only
+  finds states from which every word is blocked): from the root, the words below that are no
+  single-word phrase are free, the others need one of their tags unbanned; and from the phrase
+  state under way, where every word below that the root finds free completes a phrase there
+  ("old" then "kne": "old knee", "old knees"), those words need one of those phrases' tags
+  unbanned (phrase states that go on with more than ``_MAX_MOVES`` words are left to the root).
+  Dead ends this does not foresee (phrases of several words further on, a budget too short to
+  finish a word) leave every token blocked; the engines then end the row (finish ``blocked``),
+  show only its complete words (:func:`settled_text`) and prefer another sample or a fallback
+  line.
 
 A token that ends exactly on a banned word (``" car"``) is allowed, because the next token may
 still extend it (``"t"`` -> ``"cart"``); the next token is then only allowed if it keeps
@@ -32,18 +38,23 @@ spelling letters.
 
 How it stays cheap: the text's state (:class:`WordState`: the vocabulary-trie node of the word
 being spelled and a word-level Aho-Corasick state of the phrases under way) never depends on
-the request. A state's mask is put together from memoised pieces: per mode a template over the
-token vocabulary; per trie node the few tokens that extend the word inside the vocabulary (from
-a table of every node's token leads built at load); the tokens whose fate depends on the
-request, grouped by their tags as Python ints, so that a request's part is a handful of bit
-tests (``hit & banned`` and, for the dead-end rule, ``need & ~banned``); and per request
-the template with the shared groups already applied. The pieces that depend on the phrase state
-are memoised by that state alone. Memos are bounded (least recently used first out).
+the request, and inside a word its phrase state is the first one of its failure chain that
+goes on with a word the word being spelled may become (0 for most words), so states that mask
+alike are one state. Per state (and whether the next token is the last), a *plan* is kept: the
+template of its mode (a bool mask over the tokens, shared by all states and requests), the
+lead tokens it unblocks (from a table of every trie node's token leads built at load), and the
+tokens whose fate depends on the request, grouped by their tags as Python ints, so that a
+request's part is a handful of bit tests (``hit & banned`` and, for the dead-end rule,
+``need & ~banned``) plus the tokens read whole that the request's own tags block (kept per
+request and template). A token's mask is then one dict lookup for the plan, one for the
+request's part, one ``np.putmask`` and a few index assignments. Plans are made from memoised
+pieces (word parts by trie node, what each phrase state adds); memos are bounded (oldest out,
+a hit costs one dict lookup), and the tables kept per phrase state are bounded by the automaton.
 """
 
 from __future__ import annotations
 
-import contextlib
+import bisect
 import json
 import re
 import threading
@@ -63,6 +74,8 @@ _SLOT_MARKER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SLOT_CHAR = "\x01"  # how a slot token reads: a word boundary standing for words no phrase holds
 _TAG_KEY = re.compile(r"(?:archetype|persona):[^\s:=]+|context:[^\s:=]+=[^\s:=]+")
 
+_NEG_INF = np.float32(-np.inf)
+_MAX_MOVES = 24  # phrase states going on with more words leave their dead ends to the root's judgement
 _DEAD = -1  # trie node of a word no tracked word starts with (only tracked without a vocabulary)
 _BOUNDARY, _LETTERS, _APOSTROPHE, _AFTER = 0, 1, 2, 3  # WordState.mode
 _VOCAB_TAG, _BANNED_TAG, _FREE_TAG = "vocabulary", "banned", "free"  # reserved tags; no request bans "free"
@@ -80,7 +93,9 @@ class WordState(NamedTuple):
     boundary, 1 spelling letters, 2 right after an apostrophe that follows letters (the next
     character decides whether it belongs to the word; ``node`` is the word before it), 3
     spelling letters after that apostrophe (another apostrophe ends the word). ``phrase``: the
-    phrase automaton's state, the longest run of last completed words that begins a phrase.
+    phrase automaton's state, the longest run of last completed words that begins a phrase;
+    inside a word, the first state of its failure chain that goes on with a word the word being
+    spelled may become, else 0 (an equivalent state: see ``WordConstraint._state``).
     """
 
     node: int = 0
@@ -89,6 +104,7 @@ class WordState(NamedTuple):
 
 
 _Group = tuple[int, int, np.ndarray]  # (hit tags, need tags, tokens)
+_Ids = tuple[int, ...]  # token ids in a table (made into an array when they go into a group)
 
 
 def _selected(groups: Iterable[_Group], ban: int) -> list[np.ndarray]:
@@ -103,14 +119,30 @@ class _Tagged:
     ``groups`` of (hit, need, tokens), and ``by_word``: the tokens whose hit comes from a word
     ending, by phrase-word id, as [(need, tokens)]. Read in another phrase state, a word can
     only complete more phrases (the root's are among them), and only the words that state
-    sends elsewhere than the root does, so those get a group with their extra tags."""
+    sends elsewhere than the root does, so those get a group with their extra tags. ``at``
+    (tokens that leave a word being spelled, not at the end of the line): all of them, by the
+    state they leave as (trie node, pending apostrophe), for the dead ends that the phrase state
+    under way decides (``WordConstraint._dead_groups``); made on first use from ``leaving``
+    (tokens, nodes, pending apostrophes)."""
 
-    __slots__ = ("_arrays", "by_word", "groups")
+    __slots__ = ("_arrays", "_at", "by_word", "groups", "leaving")
 
-    def __init__(self, groups: tuple[_Group, ...], by_word: dict[int, list[tuple[int, np.ndarray]]]) -> None:
+    def __init__(self, groups: tuple[_Group, ...], by_word: dict[int, list[tuple[int, _Ids]]]) -> None:
         self.groups = groups
         self.by_word = by_word
+        self.leaving: tuple[list[int], list[int], list[bool]] = ([], [], [])
+        self._at: dict[tuple[int, bool], _Ids] | None = None
         self._arrays: tuple[np.ndarray, ...] | None = None
+
+    @property
+    def at(self) -> dict[tuple[int, bool], _Ids]:
+        """See the class docstring."""
+        if self._at is None:
+            table: dict[tuple[int, bool], list[int]] = {}
+            for t, node, a in zip(*self.leaving):
+                table.setdefault((node, bool(a)), []).append(t)
+            self._at = {k: tuple(v) for k, v in table.items()}
+        return self._at
 
     def select(self, ban: int) -> np.ndarray:
         """The tokens of ``groups`` that a request banning ``ban`` blocks (:func:`_selected`),
@@ -130,12 +162,13 @@ class _Tagged:
 
 class _WordPart(NamedTuple):
     """The phrase-independent part of a state's mask (see ``WordConstraint._word_part``): the
-    mask is its ``base`` (a template per mode, shared by all states) with ``live`` unblocked.
-    Tokens read whole from a boundary (the state's, or the one after the word being spelled
-    ends) are dealt with apart (``WordConstraint._whole``)."""
+    ``mask`` is its ``base`` (a template per mode, shared by all states) with ``live`` unblocked
+    (the template itself where none are). Tokens read whole from a boundary (the state's, or
+    the one after the word being spelled ends) are dealt with apart (``WordConstraint._whole``)."""
 
     base: int  # the template's id: 4 * mode + 2 * last + (the word may end)
     live: np.ndarray | None  # lead tokens the vocabulary allows (unblocked in the template)
+    mask: np.ndarray  # read-only
     end_wid: int  # the word that ``ends`` tokens complete (-1: none, at a boundary)
     ends: np.ndarray | None  # allowed tokens that end the word being spelled at their start
     whole: _Tagged | None  # the request-dependent tokens read whole after the word ends (None: none)
@@ -143,21 +176,31 @@ class _WordPart(NamedTuple):
     leads: _Tagged  # lead tokens: at the end of the line, completing words; else their dead ends
 
 
-class _LRU:
-    """A thread-safe memo of at most ``size`` entries that drops the least recently used first.
+class _Plan(NamedTuple):
+    """The request-independent part of a state's mask (``WordConstraint._plan``): its word
+    part's ``mask``, then the ``groups`` a request blocks (see :func:`_selected`), besides the
+    whole-read tokens of template ``base`` (``_ban_part``)."""
 
-    A hit is a dict lookup and a move to the end (no lock: each is atomic under the GIL; an
-    entry another thread just dropped is simply not moved); an insert drops from the front in
-    O(1)."""
+    base: int  # the template's id: 4 * mode + 2 * last + (the word may end)
+    mask: np.ndarray  # read-only
+    groups: tuple[_Group, ...]
+
+
+class _Memo:
+    """A thread-safe memo of at most ``size`` entries that drops the oldest first.
+
+    A hit is one dict lookup (no lock, no bookkeeping: atomic under the GIL), so the entries
+    decoding meets on every token cost nothing to keep; an insert drops the oldest entry in
+    O(1). An entry dropped while still in use is made again, once, and is then the newest."""
 
     def __init__(self, size: int) -> None:
         self.size = max(1, size)
-        self._d: OrderedDict[Hashable, Any] = OrderedDict()
+        self._d: dict[Hashable, Any] = {}
         self._lock = threading.Lock()
 
     def get(self, key: Hashable, make: Callable[[], Any]) -> Any:
         """The entry for ``key``, made by ``make()`` and kept if there is none."""
-        value = self.peek(key)
+        value = self._d.get(key)
         if value is not None:
             return value
         d = self._d
@@ -165,16 +208,12 @@ class _LRU:
         with self._lock:
             d[key] = value
             while len(d) > self.size:
-                d.popitem(last=False)
+                del d[next(iter(d))]
         return value
 
     def peek(self, key: Hashable) -> Any:
-        """The entry for ``key`` (marked as used), or None."""
-        value = self._d.get(key)
-        if value is not None:
-            with contextlib.suppress(KeyError):
-                self._d.move_to_end(key)
-        return value
+        """The entry for ``key``, or None."""
+        return self._d.get(key)
 
     def __len__(self) -> int:
         return len(self._d)
@@ -193,10 +232,10 @@ class WordConstraint:
     (None: no vocabulary constraint). ``signatures``: ``{tag: [phrases]}`` with tags
     ``archetype:NAME``, ``persona:NAME`` and ``context:SLOT=VALUE``; with a vocabulary, phrases
     holding a non-vocabulary word are dropped (no line can say them). ``max_states`` bounds the
-    memos: the word parts of ``2 * max_states`` (trie node, mode) states, the phrase-state pieces
-    of ``max_states`` phrase states, the template masks of 256 requests (a few MB in all at the
-    default). Always blocked too: control tokens other than ``eos`` and slot tokens, and tokens
-    holding ASCII control characters or braces.
+    memos: the word parts and the plans of ``2 * max_states`` states each, the whole-read tokens
+    of ``max_states`` requests (a few MB in all at the default; what is kept per phrase state is
+    bounded by the phrase automaton). Always blocked too: control tokens other than ``eos`` and
+    slot tokens, and tokens holding ASCII control characters or braces.
 
     The dead-end rule applies with a vocabulary only (see the module docstring).
 
@@ -230,9 +269,9 @@ class WordConstraint:
         self._index_tokens()
         self._default = self._vocab_bit | self._tag_bit[_BANNED_TAG]
         self._all_signatures = sum(self._tag_bit[t] for t in self.tags[3:])
-        self._parts = _LRU(2 * max_states)  # word parts (small) and lead walks, by trie node and mode
-        self._phrased = _LRU(max_states)  # phrase-state-dependent groups and chains, by phrase state
-        self._per_ban = _LRU(256)  # per request: its template masks (by template id), made on first use
+        self._parts = _Memo(2 * max_states)  # word parts (small), by trie node, mode and last
+        self._plans = _Memo(2 * max_states)  # a state's request-independent mask, by state and last
+        self._per_ban = _Memo(max_states)  # per request: its whole-read tokens (by template id), made on first use
         self._fixed: dict[Hashable, Any] = {}  # per mode: whole-token groups, exact tokens
 
     # ------------------------------------------------------------ building
@@ -240,6 +279,7 @@ class WordConstraint:
     def _build_trie(self, words: Iterable[str]) -> None:
         """The character trie of the tracked words (the vocabulary, else the phrases' words)."""
         self._child: list[dict[str, int]] = [{}]
+        self._parent: list[int] = [-1]
         self._is_word: list[bool] = [False]
         self._spelled: list[str] = [""]  # each node's string
         for word in sorted(words):
@@ -250,11 +290,17 @@ class WordConstraint:
                     nxt = len(self._child)
                     self._child[node][c] = nxt
                     self._child.append({})
+                    self._parent.append(node)
                     self._is_word.append(False)
                     self._spelled.append(word[: k + 1])
                 node = nxt
             self._is_word[node] = True
         self._wid = [0] * len(self._child)  # phrase-word id per node (0: a word no phrase holds)
+        # nodes are numbered in preorder (sorted words): a node's subtree is the ids up to this end
+        self._subtree_end = list(range(1, len(self._child) + 1))
+        for node in reversed(range(1, len(self._child))):
+            parent = self._parent[node]
+            self._subtree_end[parent] = max(self._subtree_end[parent], self._subtree_end[node])
 
     def _build_phrases(self, phrases: Mapping[tuple[str, ...], int]) -> None:
         """A word-level Aho-Corasick automaton: ``_goto`` per state, ``_fail`` links and the tag
@@ -286,35 +332,51 @@ class WordConstraint:
                     f = self._fail[f]
                 self._fail[nxt] = self._goto[f].get(wid, 0)
                 todo.append(nxt)
+        self._node_of_wid = [0] * (len(wid_of) + 1)  # (0: a word outside the trie)
         for w, wid in wid_of.items():
             node = self._walk(0, w)
             if node >= 0:
                 self._wid[node] = wid
+                self._node_of_wid[wid] = node
         self._root_next = [self._goto[0].get(wid, 0) for wid in range(len(wid_of) + 1)]
+        # per phrase state, made on first use (so bounded by the automaton): the words it sends
+        # elsewhere than the root does, the groups that makes per template, the words it goes on with
+        n = len(self._goto)
+        self._moves: list[dict[int, int] | None] = [None] * n
+        self._moved: list[dict[int, list[_Group]] | None] = [None] * n
+        self._goto_nodes: list[list[int] | None] = [None] * n  # the trie nodes of the words it goes on with
+        self._dead: list[dict[tuple[int, bool], int] | None] = [None] * n  # see _dead_under
 
     def _build_ways(self) -> None:
         """What a word being spelled can still become, for the dead-end rule: per trie node
         ``_need_at`` (the node's word and those below it) and ``_need_below`` (those below
         only): the ``free`` tag if one of them is no single-word phrase, else the union of the
-        tags of the single-word phrases they are (0: there are none). Without a vocabulary
-        every node is free (any word may follow)."""
+        tags of the single-word phrases they are (0: there are none). Also kept apart, for the
+        phrase state under way (:meth:`_dead_under`): how many of them are free (``_free_at``,
+        ``_free_below``) and the union of the others' tags (``_tags_at``, ``_tags_below``).
+        Without a vocabulary every node is free (any word may follow)."""
         n = len(self._child)
         free = self._free_bit
+        cnt_at, cnt_below, tags_at, tags_below = [0] * n, [0] * n, [0] * n, [0] * n
         if self.vocabulary is None:
             self._need_at = self._need_below = [free] * n
-            return
-        at, below = [0] * n, [0] * n
-        for node in reversed(range(n)):  # children come after their parents
-            b = 0
-            for c in self._child[node].values():
-                b = free if at[c] == free or b == free else b | at[c]
-            below[node] = b
-            if self._is_word[node]:
+        else:
+            for node in reversed(range(n)):  # children come after their parents
+                c_b = t_b = 0
+                for c in self._child[node].values():
+                    c_b += cnt_at[c]
+                    t_b |= tags_at[c]
+                cnt_below[node], tags_below[node] = c_b, t_b
                 single = self._out[self._goto[0].get(self._wid[node], 0)] if self._wid[node] else 0
-                at[node] = free if not single or b == free else b | single
-            else:
-                at[node] = b
-        self._need_at, self._need_below = at, below
+                if not self._is_word[node]:
+                    cnt_at[node], tags_at[node] = c_b, t_b
+                elif single:
+                    cnt_at[node], tags_at[node] = c_b, t_b | single
+                else:
+                    cnt_at[node], tags_at[node] = c_b + 1, t_b
+            self._need_at = [free if c else t for c, t in zip(cnt_at, tags_at)]
+            self._need_below = [free if c else t for c, t in zip(cnt_below, tags_below)]
+        self._free_at, self._free_below, self._tags_at, self._tags_below = cnt_at, cnt_below, tags_at, tags_below
 
     def _walk(self, node: int, text: str) -> int:
         for c in text:
@@ -380,10 +442,13 @@ class WordConstraint:
         self._ends: dict[int, np.ndarray] = {}
         leads: dict[tuple[int, bool], dict[str, list[int]]] = {}
         self._exact: dict[int, np.ndarray] = {_BOUNDARY: np.flatnonzero(~simple & ~always)}
+        # for step(): per in-word mode, a lead-only token's lead and the mode it leaves
+        self._lead_step: dict[int, list[tuple[str, int] | None]] = {}
         for mode in (_LETTERS, _APOSTROPHE, _AFTER):
             ends: list[int] = []
             exact: list[int] = []
             normal, pending = leads[mode, False], leads[mode, True] = {}, {}
+            lead_step = self._lead_step[mode] = [None] * v
             for i, text in enumerate(self._texts):
                 if always[i]:
                     continue
@@ -397,6 +462,8 @@ class WordConstraint:
                     exact.append(i)
                 else:
                     (pending if apos else normal).setdefault(lead, []).append(i)
+                    lead_step[i] = (lead, _APOSTROPHE if apos else _AFTER if "'" in lead or mode == _AFTER
+                                    else _LETTERS)
             self._ends[mode] = np.asarray(ends, dtype=np.int64)
             self._exact[mode] = np.asarray(exact, dtype=np.int64)
         self._build_lead_walks(leads)
@@ -423,6 +490,12 @@ class WordConstraint:
                     ok = not_ok = always.copy()
                 ok.flags.writeable = not_ok.flags.writeable = False
                 self._in_word[m, last] = (ok, not_ok, self._ends[m][~ok[self._ends[m]]])
+        # the same by template id (4 * mode + 2 * last + the word may end), as _pieces reads them
+        self._templates: list[np.ndarray] = [self._boundary_blocked[0]] * 16
+        for last in (False, True):
+            self._templates[2 * last + 1] = self._boundary_blocked[last]
+            for m in self._ends:
+                self._templates[4 * m + 2 * last + 1], self._templates[4 * m + 2 * last] = self._in_word[m, last][:2]
 
     @staticmethod
     def _simple(text: str) -> bool:
@@ -469,10 +542,12 @@ class WordConstraint:
         return lead, False, text[k:]
 
     def _build_lead_walks(self, leads: Mapping[tuple[int, bool], Mapping[str, list[int]]]) -> None:
-        """For every in-word state (trie node, mode): the groups of tokens that only add letters
-        and keep the word inside the trie, with the node they reach. Built once for all states
-        from the other side: each node's string split into a state's word and a token's lead."""
-        groups: list[np.ndarray] = []
+        """For every in-word state (trie node, mode): the tokens that only add letters and keep
+        the word inside the trie, with the node each reaches and whether its lead ends on a
+        pending apostrophe, as one slice of flat arrays sorted by state (``_walk_slice``). Built
+        once for all states from the other side: each node's string split into a state's word
+        and a token's lead."""
+        groups: list[list[int]] = []
         by_lead: dict[str, tuple[list[tuple[int, int, bool]], list[tuple[int, int, bool]]]] = {}
         lone = None  # a lone apostrophe token after the word
         for (mode, apos), table in leads.items():
@@ -481,15 +556,21 @@ class WordConstraint:
                     lone = len(groups)
                 else:  # (after an apostrophe, before one)
                     by_lead.setdefault(lead, ([], []))[mode != _AFTER].append((mode, len(groups), apos))
-                groups.append(np.asarray(toks, dtype=np.int64))
-        self._lead_groups = groups
-        walks: dict[tuple[int, int], list[tuple[int, int, bool]]] = {}
+                groups.append(toks)
+        # one entry per (state, node reached, token group), as flat lists
+        states: list[int] = []  # 4 * node + mode
+        reached: list[int] = []
+        entry_group: list[int] = []
+        entry_apos: list[bool] = []
         child, spelled = self._child, self._spelled
         for n2 in range(1, len(child)):
             p2 = spelled[n2]
             cut = p2.find("'")
             if lone is not None and cut < 0:
-                walks.setdefault((n2, _LETTERS), []).append((n2, lone, True))
+                states.append(4 * n2 + _LETTERS)
+                reached.append(n2)
+                entry_group.append(lone)
+                entry_apos.append(True)
             node = 0
             for k in range(1, len(p2)):
                 node = child[node][p2[k - 1]]
@@ -497,8 +578,26 @@ class WordConstraint:
                 if hit is None or p2[k - 1] == "'":  # no state rests on an apostrophe node
                     continue
                 for mode, g, apos in hit[not 0 <= cut < k]:
-                    walks.setdefault((node, mode), []).append((n2, g, apos))
-        self._walks = walks
+                    states.append(4 * node + mode)
+                    reached.append(n2)
+                    entry_group.append(g)
+                    entry_apos.append(apos)
+        # expanded to one row per token and sorted by state: a state's walk is a slice
+        sizes = np.asarray([len(g) for g in groups], dtype=np.int64)
+        flat = np.asarray([t for g in groups for t in g], dtype=np.int64)
+        start = np.cumsum(sizes) - sizes
+        eg = np.asarray(entry_group, dtype=np.int64)
+        order = np.argsort(np.asarray(states, dtype=np.int64), kind="stable")
+        rep = np.repeat(order, sizes[eg[order]])
+        within = np.arange(len(rep)) - np.repeat(np.cumsum(sizes[eg[order]]) - sizes[eg[order]], sizes[eg[order]])
+        key = np.asarray(states, dtype=np.int64)[rep]
+        self._walk_toks = flat[start[eg[rep]] + within]
+        self._walk_reached = np.asarray(reached, dtype=np.int64)[rep]
+        self._walk_apos = np.asarray(entry_apos, dtype=bool)[rep]
+        bounds = np.flatnonzero(np.diff(key)) + 1
+        lo = np.concatenate([[0], bounds]).tolist()
+        hi = np.concatenate([bounds, [len(key)]]).tolist()
+        self._walk_slice = dict(zip(key[lo].tolist() if len(key) else [], zip(lo, hi)))
         n = len(child)
         self._is_word_np = np.asarray(self._is_word, dtype=bool)
         self._wid_np = np.asarray(self._wid, dtype=np.int64)
@@ -534,14 +633,77 @@ class WordConstraint:
 
     def _stuck(self, state: WordState, ban: int) -> bool:
         """The dead-end rule for the state a token leaves (not at the end of the line): its word
-        can neither end (no word, or a banned phrase completes) nor go on to a free word."""
+        can neither end (no word, or a banned phrase completes) nor go on to a free word, as
+        judged from the root (single-word phrases) or from the phrase state under way (the
+        phrases the words below complete there, :meth:`_dead_under`). Both judgements are sound:
+        each only finds states from which every word is blocked."""
         if state.mode == _BOUNDARY or self.vocabulary is None:
             return False
-        need = self._need_on(state.node, state.mode)
-        if need & ~ban:
-            return False
         _, bits, ok = self._end(state.node, state.phrase)
-        return not ok or bool(bits & ban)
+        if ok and not bits & ban:
+            return False
+        if not self._need_on(state.node, state.mode) & ~ban:
+            return True
+        need = self._need_under(state)
+        return need is not None and not need & ~ban
+
+    def _need_under(self, state: WordState) -> int | None:
+        """The ``need`` of going on with the word of an in-word state as its phrase state judges
+        it, where that differs from the root's (None elsewhere)."""
+        if not state.phrase or state.node < 0:
+            return None
+        return self._dead_under(state.phrase).get((state.node, state.mode == _APOSTROPHE))
+
+    def _dead_under(self, q: int) -> dict[tuple[int, bool], int]:
+        """{(trie node, pending apostrophe): need} for the in-word states whose way on phrase
+        state ``q`` judges otherwise than the root: those where every word below that is free at
+        the root completes a phrase in ``q`` (is one of ``q``'s moves). Their need is then the
+        tags of the others (as at the root) and of those (as completed in ``q``): sound, as every
+        word below has a tag in it. A word's ancestors are walked up while that holds (going up
+        only adds words). Phrase states with more than ``_MAX_MOVES`` moves are left to the
+        root's judgement (a bound on the work per state)."""
+        dead = self._dead[q]
+        if dead is not None:
+            return dead
+        dead = {}
+        moves, out, root, node_of = self._moves_of(q), self._out, self._root_next, self._node_of_wid
+        moved = sorted((node_of[w], bits) for w, bits in moves.items()
+                       if not out[root[w]] and node_of[w]) if len(moves) <= _MAX_MOVES else []
+        nodes = [n for n, _ in moved]
+        child, parent, end = self._child, self._parent, self._subtree_end
+
+        def need_in(lo: int, hi: int, free: int, tags: int) -> int | None:
+            i, j = bisect.bisect_left(nodes, lo), bisect.bisect_left(nodes, hi)
+            if not free or j - i < free:  # (the moved free words below are some of the free ones)
+                return None
+            for _, bits in moved[i:j]:
+                tags |= bits
+            return tags
+
+        seen: set[int] = set()
+        for n_w in nodes:
+            prev, a = n_w, parent[n_w]
+            while a > 0:
+                if child[a].get("'") == prev:  # (the state right after the apostrophe)
+                    need = need_in(prev, end[prev], self._free_at[prev], self._tags_at[prev])
+                    if need is not None:
+                        dead[a, True] = need
+                if a in seen:
+                    break
+                seen.add(a)
+                need = need_in(a + 1, end[a], self._free_below[a], self._tags_below[a])
+                if need is None:
+                    break
+                dead[a, False] = need
+                prev, a = a, parent[a]
+        self._dead[q] = dead
+        return dead
+
+    def _end_bits(self, node: int, q: int) -> int:
+        """The tags that block ending the word at trie ``node`` in phrase state ``q``: those of
+        the phrases it completes, and the vocabulary's if it is no word."""
+        _, bits, ok = self._end(node, q)
+        return bits if ok else bits | self._vocab_bit
 
     def _read(self, state: WordState, text: str, final: bool) -> tuple[WordState, bool, int]:
         """(state after ``text``, whether the vocabulary allows it, tag bits of the phrases it
@@ -579,7 +741,25 @@ class WordConstraint:
             bits |= b
             ok &= good
             node, mode = 0, _BOUNDARY
-        return WordState(node, mode, q), ok, bits
+        return self._state(node, mode, q), ok, bits
+
+    def _state(self, node: int, mode: int, q: int) -> WordState:
+        """``WordState(node, mode, q)`` with the phrase state inside a word replaced by the first
+        state of its failure chain (``q`` itself, else 0) that goes on with a word the word being
+        spelled may become: the automaton moves from both alike on every such word, so the two
+        states block alike and step alike, and the memos keyed by the state are shared."""
+        if q and mode != _BOUNDARY:
+            end = self._subtree_end[node] if node >= 0 else 0
+            fail, nodes = self._fail, self._goto_nodes
+            while q:
+                arr = nodes[q]
+                if arr is None:
+                    arr = nodes[q] = sorted(self._node_of_wid[w] for w in self._goto[q] if self._node_of_wid[w])
+                i = bisect.bisect_left(arr, node)
+                if i < len(arr) and arr[i] < end:
+                    break
+                q = fail[q]
+        return WordState(node, mode, q)
 
     # ------------------------------------------------------------ requests
 
@@ -618,15 +798,25 @@ class WordConstraint:
         return new if ok and not bits & ban and not self._stuck(new, ban) else None
 
     def step(self, state: WordState, token_id: int) -> WordState:
-        """The state after ``token_id`` was emitted (request-independent): :meth:`_read`, with a
-        shortcut for a token read whole from a boundary (at one, or ending the word spelled)."""
+        """The state after ``token_id`` was emitted (request-independent): :meth:`_read`, with
+        shortcuts for a token read whole from a boundary (at one, or ending the word spelled)
+        and for one that only adds letters to the word (its lead walks the trie)."""
+        node, mode, q = state
+        if mode != _BOUNDARY:
+            lead_step = self._lead_step[mode][token_id]
+            if lead_step is not None:
+                lead, mode = lead_step
+                child = self._child
+                for c in lead:
+                    if node < 0:
+                        break
+                    node = child[node].get(c, _DEAD)
+                return self._state(node, mode, q) if q else WordState(node, mode, 0)
         whole = self._whole_state[token_id]
-        if whole is not None:
-            node, mode, q = state
-            if mode == _BOUNDARY or self._ends_list[mode][token_id]:
-                if mode != _BOUNDARY:
-                    q = self._next_phrase(q, self._wid[node] if node >= 0 else 0)
-                return WordState(whole[0], whole[1], 0 if self._is_slot[token_id] else q)
+        if whole is not None and (mode == _BOUNDARY or self._ends_list[mode][token_id]):
+            if mode != _BOUNDARY:
+                q = self._next_phrase(q, self._wid[node] if node >= 0 else 0)
+            return self._state(whole[0], whole[1], 0 if self._is_slot[token_id] else q)
         return self._read(state, self._texts[token_id], False)[0]
 
     def blocked(self, state: WordState, *, last: bool = False, banned: int | None = None) -> np.ndarray:
@@ -636,84 +826,139 @@ class WordConstraint:
         ``banned``: the request's :meth:`banned_bits` (default: the vocabulary and the static
         banned words). The returned array is read-only (and often shared).
         """
-        base, live, out = self._pieces(state, last, self._default if banned is None else banned)
-        if out is None and live is None:
+        base, out = self._pieces(state, last, self._default if banned is None else banned)
+        if not out:
             return base
         mask = base.copy()
-        if live is not None:
-            mask[live] = False
-        if out is not None:
-            mask[out] = True
+        for toks in out:
+            mask[toks] = True
         mask.flags.writeable = False
         return mask
 
     def mask_logits(self, row: np.ndarray, state: WordState, *, last: bool = False,
                     banned: int | None = None) -> None:
         """Set ``row[blocked(state, last=last, banned=banned)]`` to -inf, in place (the same
-        result without building the mask: the shared template, then the state's changes)."""
-        base, live, out = self._pieces(state, last, self._default if banned is None else banned)
-        if live is None:
-            row[base] = -np.inf
+        result without building the mask: the state's kept mask, then the request's tokens)."""
+        base, out = self._pieces(state, last, self._default if banned is None else banned)
+        np.putmask(row, base, _NEG_INF)
+        if len(out) > 2:
+            row[np.concatenate(out)] = _NEG_INF
         else:
-            kept = row[live]
-            row[base] = -np.inf
-            row[live] = kept
-        if out is not None:
-            row[out] = -np.inf
+            for toks in out:
+                row[toks] = _NEG_INF
 
-    def _pieces(self, state: WordState, last: bool, ban: int
-                ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-        """A state's mask for a request as (the template with the request's whole-read tokens,
-        the lead tokens it unblocks, the tokens it blocks besides); see :meth:`blocked`."""
+    def _pieces(self, state: WordState, last: bool, ban: int) -> tuple[np.ndarray, list[np.ndarray]]:
+        """A state's mask for a request as (the mask its plan keeps for every request, the token
+        arrays the request blocks besides); see :meth:`blocked`."""
+        key = (state, last)
+        plan: _Plan | None = self._plans.peek(key)
+        if plan is None:
+            plan = self._plans.get(key, lambda: self._plan(state, last))
+        per_ban = self._per_ban.peek(ban)
+        if per_ban is None:
+            per_ban = self._per_ban.get(ban, lambda: [None] * 16)
+        whole = per_ban[plan.base]
+        if whole is None:
+            whole = per_ban[plan.base] = self._ban_part(plan.base, ban)
+        free = ~ban
+        out = [toks for hit, need, toks in plan.groups if hit & ban and not need & free]
+        if whole:
+            out += whole
+        return plan.mask, out
+
+    def _plan(self, state: WordState, last: bool) -> _Plan:
+        """The request-independent part of a state's mask: its word part, and the groups that
+        the phrase state under way adds (the word being spelled completing phrases, the words
+        that state sends elsewhere than the automaton's root does, the dead ends it decides)."""
         node, mode, q = state
         key = (node, mode, last)
-        wp: _WordPart | None = self._parts.peek(key)
-        if wp is None:
-            wp = self._parts.get(key, lambda: self._word_part(node, mode, last))
-        bases = self._per_ban.peek(ban)
-        if bases is None:
-            bases = self._per_ban.get(ban, lambda: [None] * 16)
-        base = bases[wp.base]
-        if base is None:
-            base = bases[wp.base] = self._base(wp.base, ban)
-        free = ~ban
-        out = [toks for hit, need, toks in wp.leads.groups if hit & ban and not need & free] if wp.leads.groups else []
-        # what the phrase state under way decides: the word being spelled completing phrases,
-        # and tokens whose words it sends elsewhere than the automaton's root does
+        wp: _WordPart = self._parts.get(key, lambda: self._word_part(node, mode, last))
+        groups = list(wp.leads.groups)
         q1 = q
-        wid = wp.end_wid
-        if wid >= 0:
-            q1 = self._goto[q].get(wid) if q else None
-            if q1 is None:
-                q1 = self._next_phrase(q, wid)
-            if self._out[q1] & ban and wp.ends is not None:
-                out.append(wp.ends)
-        whole = wp.whole
-        if q1 and whole is not None and whole.by_word:
-            extra = self._phrased.get((wp.base, q1), lambda: self._elsewhere(q1, whole.by_word))
-            out += [toks for hit, need, toks in extra if hit & ban and not need & free]
+        if wp.end_wid >= 0:
+            q1 = self._next_phrase(q, wp.end_wid)
+            if wp.ends is not None and self._out[q1]:
+                groups.append((self._out[q1], 0, wp.ends))
+        if q1 and wp.whole is not None:
+            groups += self._whole_elsewhere(q1, wp.base, wp.whole)
         if q and wp.leads.by_word:
-            out += [toks for hit, need, toks in self._elsewhere(q, wp.leads.by_word) if hit & ban and not need & free]
+            groups += self._elsewhere(q, wp.leads.by_word)
+        if q and wp.leads.leaving[0]:
+            groups += self._dead_groups(q, wp.leads.at)
         if len(wp.exact):
-            out += _selected(self._exact_read(state, last, wp.exact), ban)
-        return base, wp.live, (out[0] if len(out) == 1 else np.concatenate(out)) if out else None
+            groups += self._exact_read(state, last, wp.exact)
+        return _Plan(wp.base, wp.mask, tuple(groups))
 
-    def _base(self, base_id: int, ban: int) -> np.ndarray:
-        """A template mask (id ``4 * mode + 2 * last + the word may end``) with the whole-read
-        tokens a request banning ``ban`` blocks (read-only)."""
-        mode, last, end_ok = base_id >> 2, bool(base_id & 2), bool(base_id & 1)
-        if mode == _BOUNDARY:
-            mask = self._boundary_blocked[last]
-        else:
-            ok_tpl, bad_tpl, _ = self._in_word[mode, last]
-            mask = ok_tpl if end_ok else bad_tpl
-        if end_ok:
-            idx = self._whole(None if mode == _BOUNDARY else mode, last).select(ban)
-            if len(idx):
-                mask = mask.copy()
-                mask[idx] = True
-                mask.flags.writeable = False
-        return mask
+    def _elsewhere(self, q: int, by_word: Mapping[int, list[tuple[int, _Ids]]]) -> list[_Group]:
+        """The groups of the tokens of ``by_word`` (see :class:`_Tagged`) whose words phrase state
+        ``q`` sends elsewhere than the root does: to a state where other phrases end. A few words
+        follow the failure chain one by one; many are matched against ``q``'s moves."""
+        out, root = self._out, self._root_next
+        if len(by_word) <= 8:
+            groups: list[_Group] = []
+            for wid, entries in by_word.items():
+                bits = out[self._next_phrase(q, wid)]
+                if bits != out[root[wid]]:
+                    groups += [(bits, need, _ids(toks)) for need, toks in entries]
+            return groups
+        moves = self._moves_of(q)
+        if len(moves) <= len(by_word):
+            return [(bits, need, _ids(toks)) for wid, bits in moves.items() for need, toks in by_word.get(wid, ())]
+        return [(moves[wid], need, _ids(toks)) for wid, entries in by_word.items() if wid in moves
+                for need, toks in entries]
+
+    def _whole_elsewhere(self, q: int, base_id: int, whole: _Tagged) -> list[_Group]:
+        """:meth:`_elsewhere` for the whole-read tokens of template ``base_id`` (``whole``),
+        kept per phrase state (at most one list per template and state of the automaton)."""
+        per_q = self._moved[q]
+        if per_q is None:
+            per_q = self._moved[q] = {}
+        groups = per_q.get(base_id)
+        if groups is None:
+            groups = per_q[base_id] = self._elsewhere(q, whole.by_word) + self._dead_groups(q, whole.at)
+        return groups
+
+    def _dead_groups(self, q: int, at: Mapping[tuple[int, bool], _Ids]) -> list[_Group]:
+        """The groups of the tokens of ``at`` (see :class:`_Tagged`) that leave a state whose way
+        on phrase state ``q`` judges otherwise than the root (:meth:`_dead_under`)."""
+        dead = self._dead_under(q) if at else {}
+        groups: list[_Group] = []
+        for key in dead if len(dead) <= len(at) else at:
+            toks = at.get(key)
+            need = dead.get(key)
+            if toks is not None and need is not None:
+                hit = self._end_bits(key[0], q)
+                if hit:
+                    groups.append((hit, need, _ids(toks)))
+        return groups
+
+    def _moves_of(self, q: int) -> dict[int, int]:
+        """:meth:`_make_moves`, kept per phrase state."""
+        moves = self._moves[q]
+        if moves is None:
+            moves = self._moves[q] = self._make_moves(q)
+        return moves
+
+    def _make_moves(self, q: int) -> dict[int, int]:
+        """{word: tag bits of the phrases it completes} for the words phrase state ``q`` (or its
+        failure chain: the first state of the chain that knows a word decides) sends to a state
+        whose phrases differ from those of the state the root sends it to."""
+        seen: dict[int, int] = {}
+        while q:
+            for wid, nxt in self._goto[q].items():
+                seen.setdefault(wid, nxt)
+            q = self._fail[q]
+        out, root = self._out, self._root_next
+        return {wid: out[nxt] for wid, nxt in seen.items() if out[nxt] != out[root[wid]]}
+
+    def _ban_part(self, base_id: int, ban: int) -> tuple[np.ndarray, ...]:
+        """The tokens that a request banning ``ban`` blocks besides template ``base_id`` (id
+        ``4 * mode + 2 * last + the word may end``): whole-read tokens completing phrases."""
+        if not base_id & 1:
+            return ()
+        mode, last = base_id >> 2, bool(base_id & 2)
+        idx = self._whole(None if mode == _BOUNDARY else mode, last).select(ban)
+        return (idx,) if len(idx) else ()
 
     def fill_blocked(self, out: np.ndarray, states: Sequence[WordState], last: np.ndarray,
                      banned: Sequence[int | None]) -> None:
@@ -743,33 +988,13 @@ class WordConstraint:
             if bits:
                 groups.append((bits, 0, toks))
             if not last and new.mode != _BOUNDARY and self.vocabulary is not None:
-                _, end_bits, end_ok = self._end(new.node, new.phrase)
-                end_bits |= 0 if end_ok else self._vocab_bit
+                end_bits = self._end_bits(new.node, new.phrase)
                 if end_bits:
                     groups.append((end_bits, self._need_on(new.node, new.mode), toks))
+                    need = self._need_under(new)
+                    if need is not None:
+                        groups.append((end_bits, need, toks))
         return groups
-
-    def _elsewhere(self, q: int, by_word: Mapping[int, list[tuple[int, np.ndarray]]]) -> list[_Group]:
-        """The groups of the words phrase state ``q`` sends elsewhere than the root does."""
-        if not q or not by_word:
-            return []
-        chain: dict[int, int] = self._phrased.get(("chain", q), lambda: self._chain(q))
-        out = []
-        for wid in (by_word if len(by_word) < len(chain) else chain):
-            nxt = chain.get(wid)
-            if nxt is not None and wid in by_word and self._out[nxt]:
-                out += [(self._out[nxt], need, toks) for need, toks in by_word[wid]]
-        return out
-
-    def _chain(self, q: int) -> dict[int, int]:
-        """Where ``q`` sends the words it or its failure chain knows (the first state of the
-        chain that knows a word decides; the root is left out)."""
-        seen: dict[int, int] = {}
-        while q:
-            for wid, nxt in self._goto[q].items():
-                seen.setdefault(wid, nxt)
-            q = self._fail[q]
-        return seen
 
     def _tagged(self, toks: Iterable[int], wids: Iterable[int], needs: Iterable[int],
                 stuck: Iterable[tuple[int, int]] = ()) -> _Tagged:
@@ -786,7 +1011,7 @@ class WordConstraint:
         for t, n in stuck:
             groups.setdefault((self._vocab_bit, n), []).append(t)
         return _Tagged(tuple((h, n, np.asarray(ts, dtype=np.int64)) for (h, n), ts in groups.items()),
-                       {w: [(n, np.asarray(ts, dtype=np.int64)) for n, ts in d.items()] for w, d in by_word.items()})
+                       {w: [(n, tuple(ts)) for n, ts in d.items()] for w, d in by_word.items()})
 
     def _ways(self, toks: Sequence[int], nodes: Sequence[int], needs: Sequence[int]) -> _Tagged:
         """The dead-end rule for tokens that leave a word being spelled at trie ``nodes`` with
@@ -817,7 +1042,8 @@ class WordConstraint:
         vocab = self.vocabulary is not None
         none = _Tagged((), {})
         if mode == _BOUNDARY:
-            return _WordPart(2 * last + 1, None, -1, None, self._whole(None, last), self._exact[_BOUNDARY], none)
+            return _WordPart(2 * last + 1, None, self._templates[2 * last + 1], -1, None, self._whole(None, last),
+                             self._exact[_BOUNDARY], none)
         end_ok = not vocab or (node >= 0 and self._is_word[node])
         ok_ends = self._in_word[mode, last][2]
         live_toks = None
@@ -836,9 +1062,16 @@ class WordConstraint:
                     needs = [self._need_apos[n] if a else self._need_below[n]
                              for n, a in zip(nodes, apos[live].tolist())]
                     leads = self._ways(toks[live].tolist(), nodes, needs)
+                    leads.leaving = (toks[live].tolist(), nodes, apos[live].tolist())
                 if vocab and live.any():
                     live_toks = toks[live]
-        return _WordPart(4 * mode + 2 * last + end_ok, live_toks, self._wid[node] if node >= 0 else 0,
+        base = 4 * mode + 2 * last + end_ok
+        mask = self._templates[base]
+        if live_toks is not None:
+            mask = mask.copy()
+            mask[live_toks] = False
+            mask.flags.writeable = False
+        return _WordPart(base, live_toks, mask, self._wid[node] if node >= 0 else 0,
                          ok_ends if end_ok else None, self._whole(mode, last) if end_ok else None,
                          self._exact[mode], leads)
 
@@ -853,19 +1086,10 @@ class WordConstraint:
 
     def _lead_arrays(self, node: int, mode: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(tokens, trie node each reaches, whether its lead ends on a pending apostrophe) for
-        the lead-only tokens that keep the word at ``node`` in ``mode`` inside the trie."""
-        return self._parts.get(("walk", node, mode), lambda: self._make_lead_arrays(node, mode))
-
-    def _make_lead_arrays(self, node: int, mode: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        walk = self._walks.get((node, mode), ())
-        if not walk:
-            empty = np.zeros(0, dtype=np.int64)
-            return empty, empty, np.zeros(0, dtype=bool)
-        sizes = [len(self._lead_groups[g]) for _, g, _ in walk]
-        toks = np.concatenate([self._lead_groups[g] for _, g, _ in walk])
-        n2 = np.repeat(np.asarray([w[0] for w in walk], dtype=np.int64), sizes)
-        apos = np.repeat(np.asarray([w[2] for w in walk], dtype=bool), sizes)
-        return toks, n2, apos
+        the lead-only tokens that keep the word at ``node`` in ``mode`` inside the trie (views
+        of the walk table)."""
+        lo, hi = self._walk_slice.get(4 * node + mode, (0, 0))
+        return self._walk_toks[lo:hi], self._walk_reached[lo:hi], self._walk_apos[lo:hi]
 
     def _allowed_whole(self, mode: int | None, last: bool) -> np.ndarray:
         """Tokens read whole from a boundary that are allowed: at a boundary (``mode`` None), or
@@ -890,12 +1114,16 @@ class WordConstraint:
         if last:
             idx = [i for i in idx if self._tail_wid[i]]
             return self._tagged(idx, [int(self._tail_wid[i]) for i in idx], [0] * len(idx))
-        return self._ways(idx, [int(self._tail[0][i]) for i in idx], [self._tail[1][i] for i in idx])
+        tagged = self._ways(idx, [int(self._tail[0][i]) for i in idx], [self._tail[1][i] for i in idx])
+        left = [self._whole_state[i] for i in idx]
+        tagged.leaving = (idx, [n for n, _ in left], [m == _APOSTROPHE for _, m in left])  # type: ignore[misc]
+        return tagged
 
     def precompute(self) -> int:
         """Compute what decoding meets most, so a line rarely waits on it: the whole-read token
-        tables of every mode, and the word parts of a boundary and of every state one token after
-        a space leaves (a word's first token); returns how many states."""
+        tables of every mode, and the masks (:meth:`_plan`) of a boundary and of every state one
+        token after a space leaves (a word's first token), with no phrase under way; returns how
+        many states."""
         for mode in (None, _LETTERS, _APOSTROPHE, _AFTER):
             for last in (False, True):
                 self._whole(mode, last)
@@ -907,8 +1135,14 @@ class WordConstraint:
                     seen.add((node, mode))
         for node, mode in seen:  # (a line's last token rarely starts a word: boundary only)
             for last in (False, True) if mode == _BOUNDARY else (False,):
-                self._parts.get((node, mode, last), lambda n=node, m=mode, x=last: self._word_part(n, m, x))
+                state = WordState(node, mode, 0)
+                self._plans.get((state, last), lambda s=state, x=last: self._plan(s, x))
         return len(seen)
+
+
+def _ids(toks: _Ids) -> np.ndarray:
+    """Token ids kept as a tuple (a table's many small entries), as the array a group holds."""
+    return np.asarray(toks, dtype=np.int64)
 
 
 def _joined(parts: Sequence[np.ndarray]) -> np.ndarray:

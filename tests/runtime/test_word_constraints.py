@@ -118,6 +118,32 @@ def test_a_token_into_a_dead_end_is_blocked(small, tok):
     assert not small.blocked(state, banned=small.banned_bits("merchant", (), {"recent_event": "festival"}))[apostrophe]
 
 
+def test_a_word_whose_every_way_on_completes_a_banned_phrase_is_blocked(tok):
+    """After "old", "kn" can only become "knee" or "knees", and both complete a weary signature:
+    for a request that did not ask for weary it is a dead end, blocked where it starts; after
+    another word, or for a weary request, it is not."""
+    words = WordConstraint([], tok, vocabulary=["my", "old", "knee", "knees", "leg"],
+                           signatures={"persona:weary": ["old knee", "old knees"], "archetype:guard": ["leg"]})
+    s0 = WordState()
+    other, weary = words.banned_bits("guard"), words.banned_bits("guard", ("weary",))
+    assert words.advance(s0, "my old kn", banned=other) is None
+    assert words.advance(s0, "my old kn", banned=weary) is not None
+    assert words.advance(s0, "my kn", banned=other) is not None
+    state = words.advance(s0, "my old", banned=other)
+    assert state is not None
+    first = tok.encode(" knee")[0]
+    assert words.blocked(state, banned=other)[first] and not words.blocked(state, banned=weary)[first]
+    assert np.array_equal(words.blocked(state, banned=other), words.blocked_exact(state, banned=other))
+
+
+def test_states_that_mask_alike_are_one_state(small):
+    """Inside a word that no phrase under way can go on with, the phrase state is dropped: the
+    state (and so every memo keyed by it) is the one of the word alone."""
+    s0 = WordState()
+    assert small.advance(s0, "the gua") == small.advance(s0, "gua") == WordState(*small.advance(s0, "gua"))
+    assert small.advance(s0, "the fes") != small.advance(s0, "fes")  # "the festival" is under way
+
+
 # ------------------------------------------------------------------ the fast mask is the reference
 
 REQUESTS = st.tuples(
@@ -153,6 +179,40 @@ def test_the_fast_mask_equals_the_token_by_token_reference(words, tok, walk, let
     fast = words.blocked(state, last=last, banned=banned)
     ref = words.blocked_exact(state, last=last, banned=banned)
     assert np.array_equal(fast, ref), (state, last, np.flatnonzero(fast != ref)[:10])
+
+
+def test_the_fast_mask_equals_the_reference_where_phrases_are_under_way(words, tok):
+    """States reached by spelling the signature phrases of several words token by token (where
+    the phrase state decides completions and dead ends), for a request banning them."""
+    rng = np.random.default_rng(3)
+    multi = [p for p in words.phrases if len(p) > 1]
+    banned = words.banned_bits("guard")
+    for k in rng.choice(len(multi), size=10, replace=False):
+        state = WordState()
+        for t in tok.encode(" " + " ".join(multi[k][:-1])):
+            state = words.step(state, t)
+        for t in [None, *tok.encode(" " + multi[k][-1])[:-1]]:
+            state = state if t is None else words.step(state, t)
+            for last in (False, True):
+                assert np.array_equal(words.blocked(state, last=last, banned=banned),
+                                      words.blocked_exact(state, last=last, banned=banned)), (multi[k], state, last)
+
+
+def test_step_reads_a_token_as_the_reference_reader(words, tok):
+    """The shortcuts of ``step`` (tokens read whole, tokens adding letters) read every token as
+    the character reader does, from states inside and outside words, with and without a phrase
+    under way; and without a vocabulary too."""
+    rng = np.random.default_rng(4)
+    for wc in (words, WordConstraint(CONS.banned_words, tok)):
+        for _ in range(12):
+            state = WordState()
+            for _ in range(int(rng.integers(0, 10))):
+                allowed = np.flatnonzero(~wc.blocked(state))
+                t = int(rng.choice(allowed))
+                if t == tok.eos_id:
+                    break
+                state = wc.step(state, t)
+            assert all(wc.step(state, t) == wc._read(state, wc._texts[t], False)[0] for t in range(tok.vocab_size))
 
 
 def test_masks_do_not_depend_on_the_memo(tok):
