@@ -912,11 +912,12 @@ class BatchedEngine:
         keys = torch.as_tensor(self._key[:b], device=dev)
         hd = torch.as_tensor(host, device=dev)
         blocked = torch.as_tensor(self._word_mask[:b], device=dev) | self._extra_block[:b]
-        blocked[:, self.eos] |= hd[:, 1] > 0
-        masked = logits.masked_fill(blocked, float("-inf"))
+        # judged before min_tokens holds eos back: a line asked to go on is not derailing
         top = logits.argmax(dim=-1, keepdim=True)
         p_top = torch.exp(logits.gather(1, top).squeeze(1).double() - torch.logsumexp(logits.double(), dim=-1))
         veto = blocked.gather(1, top).squeeze(1) & (p_top > VETO)
+        blocked[:, self.eos] |= hd[:, 1] > 0
+        masked = logits.masked_fill(blocked, float("-inf"))
         alive = torch.isfinite(masked).any(dim=-1) & ~veto
         u = counter_uniform(keys, hd[:, 5].long())
         tok = sample_rows(masked.masked_fill(~alive.unsqueeze(1), 0.0), u, hd[:, 2], hd[:, 3].long(), hd[:, 4])

@@ -899,12 +899,13 @@ class LineGenerator:
         self.mask.mask_logits(row, r.state, last=n + 1 >= r.budget, banned=r.prep.banned)
         if r.prep.slot_block is not None:
             row[r.prep.slot_block] = -np.inf
+        # judged before min_tokens holds eos back: a line asked to go on is not derailing
+        if vetoed(logits, row):
+            r.vetoed = True
+            return None
         if n < r.prep.req.min_tokens:
             row[eos] = -np.inf
         if not np.isfinite(row).any():
-            return None
-        if vetoed(logits, row):
-            r.vetoed = True
             return None
         tok = sample_next(row, r.rng, temperature=r.prep.temperature, top_k=r.prep.top_k, top_p=r.prep.top_p)
         if r.ttft is None:
