@@ -40,6 +40,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -913,15 +914,15 @@ class BatchedEngine:
         hd = torch.as_tensor(host, device=dev)
         blocked = torch.as_tensor(self._word_mask[:b], device=dev) | self._extra_block[:b]
         # judged before min_tokens holds eos back: a line asked to go on is not derailing
+        lse = torch.logsumexp(logits, dim=-1)
         top = logits.argmax(dim=-1, keepdim=True)
-        p_top = torch.exp(logits.gather(1, top).squeeze(1).double() - torch.logsumexp(logits.double(), dim=-1))
-        veto = blocked.gather(1, top).squeeze(1) & (p_top > VETO)
+        veto = blocked.gather(1, top).squeeze(1) & (logits.gather(1, top).squeeze(1) - lse > math.log(VETO))
         blocked[:, self.eos] |= hd[:, 1] > 0
         masked = logits.masked_fill(blocked, float("-inf"))
         alive = torch.isfinite(masked).any(dim=-1) & ~veto
         u = counter_uniform(keys, hd[:, 5].long())
         tok = sample_rows(masked.masked_fill(~alive.unsqueeze(1), 0.0), u, hd[:, 2], hd[:, 3].long(), hd[:, 4])
-        lp = logits.gather(1, tok.unsqueeze(1)).squeeze(1) - torch.logsumexp(logits, dim=-1)
+        lp = logits.gather(1, tok.unsqueeze(1)).squeeze(1) - lse
         return torch.where(alive, tok, torch.full_like(tok, -1)), lp, veto
 
     # ------------------------------------------------------------ bookkeeping

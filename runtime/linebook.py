@@ -347,6 +347,7 @@ class LineBook:
         self._check_implies()
         self._examples: list[Example] | None = None
         self._signatures: dict[str, list[str]] | None = None
+        self._vocabulary: list[str] | None = None
 
     # -------------------------------------------------------------- reading
 
@@ -527,6 +528,21 @@ class LineBook:
                 self._trait_excludes[other].add(name)
         self._clash = clash
 
+    def _nested(self, raw: _Raw, section: str, outer: tuple[str, list[str]], inner: tuple[str, list[str]]
+                ) -> Iterator[tuple[_Reader, str, str, yaml.Node, yaml.Node, str]]:
+        """``section.<outer>.<inner>`` entries (replies: state -> intent, own lines: archetype ->
+        state) as ``(reader, outer, inner, inner key node, value node, field)``, each name
+        checked against its known values."""
+        (outer_kind, outer_known), (inner_kind, inner_known) = outer, inner
+        for rd, name, key, value in self._entries(raw, section):
+            f = f"{section}.{name}"
+            if name not in outer_known:
+                raise rd.fail(key, f, _unknown(outer_kind, name, outer_known))
+            for sub, skey, snode in rd.mapping(value, f):
+                if sub not in inner_known:
+                    raise rd.fail(skey, f"{f}.{sub}", _unknown(inner_kind, sub, inner_known))
+                yield rd, name, sub, skey, snode, f"{f}.{sub}"
+
     def _slot_names(self, rd: _Reader, node: yaml.Node, field: str) -> list[str]:
         names = rd.names(node, field)
         for i, name in enumerate(names):
@@ -651,38 +667,25 @@ class LineBook:
         self._own: dict[tuple[str, str], list[_Source]] = {}
         # an own line answers no particular intent, so it may use the slots every intent allows
         every_intent = set.intersection(*(set(v) for v in self._intent_slots.values()))
-        for rd, arch, key, value in self._entries(raw, "own_lines"):
-            f = f"own_lines.{arch}"
-            if arch not in self.archetypes:
-                raise rd.fail(key, f, _unknown("archetype", arch, self.archetypes))
-            for state, skey, snode in rd.mapping(value, f):
-                if state not in self.states:
-                    raise rd.fail(skey, f"{f}.{state}", _unknown("state", state, self.states))
-                srcs = self._templates(rd, snode, f"{f}.{state}")
-                self._check_slots(srcs, self._state_slots[state] | self._arch_slots[arch] | every_intent)
-                for src in srcs:
-                    bad = src.refs - set(self._voice[arch])
-                    if bad:
-                        raise src.where.error(
-                            f"own lines may only use the archetype's voice groups; [{sorted(bad)[0]}] is not one"
-                        )
-                self._own[(arch, state)] = srcs
+        for rd, arch, state, _skey, snode, f in self._nested(raw, "own_lines", ("archetype", self.archetypes),
+                                                             ("state", self.states)):
+            srcs = self._templates(rd, snode, f)
+            self._check_slots(srcs, self._state_slots[state] | self._arch_slots[arch] | every_intent)
+            for src in srcs:
+                bad = src.refs - set(self._voice[arch])
+                if bad:
+                    raise src.where.error(
+                        f"own lines may only use the archetype's voice groups; [{sorted(bad)[0]}] is not one")
+            self._own[(arch, state)] = srcs
         # replies: state -> intent -> templates
         self._replies: dict[tuple[str, str], list[_Source]] = {}
-        for rd, state, key, value in self._entries(raw, "replies"):
-            f = f"replies.{state}"
-            if state not in self.states:
-                raise rd.fail(key, f, _unknown("state", state, self.states))
-            for intent, ikey, inode in rd.mapping(value, f):
-                if intent not in self.intents:
-                    raise rd.fail(ikey, f"{f}.{intent}", _unknown("intent", intent, self.intents))
-                if (state, intent) in self._replies:
-                    raise rd.fail(
-                        ikey, f"{f}.{intent}", "duplicate replies for this state and intent"
-                    )
-                srcs = self._templates(rd, inode, f"{f}.{intent}")
-                self._check_slots(srcs, self._state_slots[state] | self._intent_slots[intent])
-                self._replies[(state, intent)] = srcs
+        for rd, state, intent, ikey, inode, f in self._nested(raw, "replies", ("state", self.states),
+                                                              ("intent", self.intents)):
+            if (state, intent) in self._replies:
+                raise rd.fail(ikey, f, "duplicate replies for this state and intent")
+            srcs = self._templates(rd, inode, f)
+            self._check_slots(srcs, self._state_slots[state] | self._intent_slots[intent])
+            self._replies[(state, intent)] = srcs
         for state in self.states:
             for intent in self.intents:
                 if (state, intent) not in self._replies:
@@ -830,7 +833,8 @@ class LineBook:
         phrases = [(tuple(p.split()), key) for key, ps in self._implies.items() for p in ps]
         if not phrases:
             return
-        tagged = [(src, arch, None) for src in self._general_sources() for arch in (None,)]
+        tagged: list[tuple[_Source, str | None, tuple[str, ...] | None]] = [
+            (src, None, None) for src in self._general_sources()]
         for tag, srcs in self._tag_sources().items():
             owner = tuple(tag.split(":", 1)[1].split("=")) if tag.startswith("context:") else None
             tagged += [(src, arch, owner) for src, arch in srcs]
@@ -1029,13 +1033,16 @@ class LineBook:
     def vocabulary(self) -> list[str]:
         """Every word the book's lines and fallbacks say (lower case, sorted): the words the
         decoding constraints let a model complete."""
+        if self._vocabulary is not None:
+            return list(self._vocabulary)
         words: set[str] = set()
         for e in self.examples():
             words.update(_words(_SLOT_RE.sub(" ", e.text)))
         for lines in self.fallback_lines().values():
             for line in lines:
                 words.update(_words(_SLOT_RE.sub(" ", line)))
-        return sorted(words)
+        self._vocabulary = sorted(words)
+        return list(self._vocabulary)
 
     def _texts(self, template: _Template, arch: str | None, limit: int = 256) -> list[str]:
         """Up to ``limit`` expansions of a template, every alternative in turn; a group reference
@@ -1129,10 +1136,6 @@ class LineBook:
             out[tag] = sorted(set(out.get(tag, [])) | set(phrases), key=lambda p: (len(p.split()), p))
         self._signatures = out
         return {k: list(v) for k, v in out.items()}
-
-    def implied(self) -> dict[tuple[str, str], list[str]]:
-        """Each context value's declared ``implies`` phrases (lower-case words)."""
-        return {k: list(v) for k, v in self._implies.items()}
 
 
 class _Env:
