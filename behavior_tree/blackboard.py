@@ -45,13 +45,14 @@ _MISSING: Any = object()
 class Entry:
     """One key's storage. Remapped keys share the owner's Entry object."""
 
-    __slots__ = ("key", "owner", "type", "value", "waiters")
+    __slots__ = ("key", "owner", "seq", "type", "value", "waiters")
 
     def __init__(self, key: str, owner: Blackboard) -> None:
         self.key = key
         self.owner = owner
         self.value: Any = _UNSET
         self.type: type | None = None
+        self.seq = 0  # bumped by every write, equal or not (BT.CPP's sequence_id)
         # objects with a ``wake()`` method waiting for this entry to change (sleeping trees)
         self.waiters: set[Any] | None = None
 
@@ -194,6 +195,29 @@ class Blackboard:
                 f"blackboard key {key!r} is {type_name(e.type)}, cannot declare it {type_name(type)}"
             )
 
+    def set_local(self, key: str, value: Any) -> None:
+        """Write ``key`` in this blackboard itself, whatever the remapping (a SubTree's
+        literal port: each instance keeps its own value, the caller's is untouched)."""
+        e = self._entries.get(key)
+        if e is None or e.owner is not self:
+            self._entries[key] = Entry(key, self)
+        self.set(key, value)
+
+    def update_count(self, key: str) -> int | None:
+        """How many times ``key`` was written (None while it has no value): the
+        WasEntryUpdated / SkipUnlessUpdated / WaitValueUpdate nodes compare it."""
+        e = self._lookup(key)
+        if e is None or e.value is _UNSET:
+            return None
+        if self._reads is not None:
+            self._reads.entries.add(e)
+        return e.seq
+
+    def has_entry(self, key: str) -> bool:
+        """Whether ``key`` exists from here, even without a value yet (BT.CPP creates the
+        entry of every ``{key}`` port when the tree is built)."""
+        return self._lookup(key) is not None
+
     def set(self, key: str, value: Any) -> None:
         """Write ``key`` (creating it where it belongs) and notify on change."""
         e = self._entries.get(key)
@@ -207,6 +231,7 @@ class Blackboard:
             value = self._fit(e, value, t)
         old = e.value
         e.value = value
+        e.seq += 1
         if old is value:
             return
         reads = self._reads
@@ -246,6 +271,7 @@ class Blackboard:
             return
         old = e.value
         e.value = _UNSET
+        e.seq += 1
         if e.waiters:
             waiters, e.waiters = e.waiters, None
             for w in waiters:

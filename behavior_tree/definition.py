@@ -44,7 +44,8 @@ class Element:
 
     def describe(self) -> str:
         name = self.attrs.get("name")
-        ident = self.attrs.get("ID") if self.tag in ("SubTree", "Action", "Condition") else None
+        ident = (self.attrs.get("ID") if self.tag in ("SubTree", "Action", "Condition", "Control",
+                                                      "Decorator", "BehaviorTree") else None)
         label = self.tag if ident is None else f"{self.tag} ID={ident!r}"
         return f"{label} (name={name!r})" if isinstance(name, str) and name else label
 
@@ -77,7 +78,7 @@ class NodeSpec:
     """Everything about one node that every instance shares (immutable by convention)."""
 
     __slots__ = (
-        "attrs", "bindings", "children", "cls", "fn", "id", "is_async", "kind", "line",
+        "attrs", "bindings", "children", "cls", "enums", "fn", "id", "is_async", "kind", "line",
         "name", "port_decls", "scripts", "source", "subtree", "uid",
     )
 
@@ -97,6 +98,7 @@ class NodeSpec:
         subtree: SubTreeInfo | None = None,
         source: str = "<string>",
         line: int | None = None,
+        enums: Mapping[str, Any] | None = None,
     ) -> None:
         self.id = id
         self.name = name
@@ -112,6 +114,7 @@ class NodeSpec:
         self.subtree = subtree
         self.source = source
         self.line = line
+        self.enums = _NO_ENUMS if enums is None else enums  # scripting enums (Switch, scripts)
         self.uid = -1
 
     def describe(self) -> str:
@@ -146,8 +149,15 @@ class NodeSpec:
         return f"NodeSpec({self.id!r}, name={self.name!r}, children={len(self.children)})"
 
 
+_NO_ENUMS: Mapping[str, Any] = {}
+
+
 @dataclass(frozen=True)
 class SubTreeInfo:
+    """How a SubTree's blackboard is wired: ``remap`` (inner key -> caller's key),
+    ``values`` (inner key -> literal, owned by the subtree's blackboard even with
+    ``autoremap``), ``autoremap`` (share every key not starting with ``_``)."""
+
     tree_id: str
     remap: Mapping[str, str]  # inner key -> outer key
     values: Mapping[str, Any]  # inner key -> literal value
@@ -180,7 +190,7 @@ class TreeDefinition:
         self.specs: tuple[NodeSpec, ...] = tuple(root.walk())
         for i, s in enumerate(self.specs):
             s.uid = i
-        self._plan, self._bb_plan = _make_plan(self.specs)
+        self._plan, self._bb_plan, self._entry_plan = _make_plan(self.specs)
 
     def __len__(self) -> int:
         return len(self.specs)
@@ -209,8 +219,12 @@ class TreeDefinition:
         for parent, sub in self._bb_plan:
             cbb = Blackboard(bbs[parent], remap=sub.remap, autoremap=sub.autoremap)
             for k, v in sub.values.items():
-                cbb.set(k, v)
+                cbb.set_local(k, v)
             bbs.append(cbb)
+        for i, keys in self._entry_plan:  # as BT.CPP: every {key} exists once the tree is built
+            make = bbs[i]._entry_for_write
+            for k in keys:
+                make(k)
         tree = Tree.__new__(Tree)
         nodes: list[Any] = [None] * len(self.specs)
         get = nodes.__getitem__
@@ -282,15 +296,23 @@ def _initial_state(spec: NodeSpec) -> tuple[tuple[str, Any], ...]:
     return state
 
 
-def _make_plan(specs: tuple[NodeSpec, ...]) -> tuple[list[tuple[Any, ...]], list[tuple[int, Any]]]:
-    """Instantiation plan: nodes children-first (index = uid), blackboards parent-first."""
+def _make_plan(specs: tuple[NodeSpec, ...]) -> tuple[list[tuple[Any, ...]], list[tuple[int, Any]],
+                                                     list[tuple[int, tuple[str, ...]]]]:
+    """Instantiation plan: nodes children-first (index = uid), blackboards parent-first,
+    and the keys to create in each blackboard (ports bound to ``{key}``, SubTree remaps)."""
     bb_plan: list[tuple[int, Any]] = []
     bb_of: dict[int, int] = {}
+    keys: dict[int, dict[str, None]] = {}
     for s in specs:  # depth-first, parents first
         bbi = bb_of.setdefault(s.uid, 0)
+        for b in s.bindings.values():
+            if b.key is not None:
+                keys.setdefault(bbi, {})[b.key] = None
         if s.subtree is not None:
             bb_plan.append((bbi, s.subtree))
             child_bb = len(bb_plan)
+            for inner in s.subtree.remap:
+                keys.setdefault(child_bb, {})[inner] = None
             for c in s.children[0].walk():
                 bb_of[c.uid] = child_bb
         else:
@@ -301,4 +323,4 @@ def _make_plan(specs: tuple[NodeSpec, ...]) -> tuple[list[tuple[Any, ...]], list
         kids = tuple(c.uid for c in s.children) if s.children else None
         plan.append((s.uid, s.cls, s, kids, s.kind != "control", bb_of[s.uid],
                      _initial_state(s), _needs_setup(s.cls)))
-    return plan, bb_plan
+    return plan, bb_plan, [(i, tuple(k)) for i, k in sorted(keys.items())]

@@ -8,23 +8,28 @@
 
 Definitions are cached by XML text: creating 10,000 trees from the same text
 parses it once and shares one immutable :class:`TreeDefinition`.
+
+As in BT.CPP, a factory can also keep trees: ``register_behavior_tree_from_text``
+/ ``_from_file`` register every ``<BehaviorTree>`` of a document (and of the
+files it includes) under its ID, ``create_tree_by_id`` builds one, and any later
+document may use them as SubTrees.
 """
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from . import controls, decorators, leaves, script_nodes
+from . import async_controls, controls, decorators, leaves, loops, script_nodes, updates
 from .blackboard import Blackboard
-from .definition import Binding, Element, NodeSpec, SubTreeInfo, TreeDefinition
-from .errors import NodeConfigError, PortError, TreeLoadError, XMLFormatError
-from .guards import POST_CONDITIONS, PRE_CONDITIONS, guarded_class
+from .definition import Element, TreeDefinition
+from .documents import Document, SubTreeModel, read_document
+from .errors import NodeConfigError, PortError, XMLFormatError
 from .node import (
     AsyncAction,
     FunctionAction,
@@ -32,26 +37,15 @@ from .node import (
     FunctionStatefulAction,
     TreeNode,
 )
-from .ports import (
-    Port,
-    PortDirection,
-    blackboard_key,
-    coerce,
-    convert_from_string,
-    normalize_ports,
-    type_name,
-)
-from .subtree import SubTree
+from .ports import Port, PortDirection, normalize_ports, type_name
+from .spec_builder import RESERVED_NODE_IDS, SpecBuilder, literal_text
 from .tree import Tree
 from .xml_io import parse_xml
 
 __all__ = ["Factory", "Registration"]
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]*$")
-_GUARD_ATTRS = frozenset(PRE_CONDITIONS + POST_CONDITIONS)
-_V3_WRAPPERS = ("Action", "Condition", "Control", "Decorator")
-# editor metadata: kept for the round trip, no effect on the tree
-_METADATA = frozenset({"_description", "_uid", "_fullpath"})
+_ENUM_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -92,10 +86,11 @@ def _builtin_registrations() -> dict[str, Registration]:
     add("SequenceStar", controls.SequenceWithMemory)  # BT.CPP v3 name
     for n in range(2, 7):
         add(f"Switch{n}", controls.Switch, n_children=n + 1)
-    for name in decorators.__all__:
-        add(name, getattr(decorators, name))
-    for name in leaves.__all__:
-        add(name, getattr(leaves, name))
+    for module in (async_controls, decorators, leaves, loops, updates):
+        for name in module.__all__:
+            cls = getattr(module, name)
+            if isinstance(cls, type) and issubclass(cls, TreeNode) and cls is not loops.LoopNode:
+                add(name, cls)
     add("Script", script_nodes.Script)
     add("ScriptCondition", script_nodes.ScriptCondition)
     return regs
@@ -113,17 +108,23 @@ class _LoadContext:
 
 
 class Factory:
-    """Registry of node types; turns XML (or builder output) into trees."""
+    """Registry of node types, scripting enums and named trees; turns XML (or builder
+    output) into trees."""
 
     def __init__(self) -> None:
         self._registry: dict[str, Registration] = dict(_BUILTINS)
-        self._cache: dict[tuple[str, str | None, str], TreeDefinition] = {}
+        self._cache: dict[tuple[Any, ...], TreeDefinition] = {}
+        self._enums: dict[str, int | float] = {}
+        self._trees: dict[str, Element] = {}  # registered BehaviorTrees by ID
+        self._tree_models: dict[str, Element] = {}
+        self._subtree_models: dict[str, SubTreeModel] = {}
+        self._lone_trees = 0  # BehaviorTree_<n> names given to trees without an ID
 
     # ---- registration --------------------------------------------------------------
     def _register(self, reg: Registration, replace: bool) -> None:
         if not _NAME_RE.match(reg.id):
             raise ValueError(f"invalid node ID {reg.id!r}")
-        if reg.id in ("SubTree", "BehaviorTree", "root", "TreeNodesModel", *_V3_WRAPPERS):
+        if reg.id in RESERVED_NODE_IDS:
             raise ValueError(f"node ID {reg.id!r} is reserved")
         old = self._registry.get(reg.id)
         if old is not None and (old.builtin or not replace):
@@ -224,22 +225,63 @@ class Factory:
     def registered(self) -> Mapping[str, Registration]:
         return dict(self._registry)
 
+    # ---- scripting enums -------------------------------------------------------------
+    def register_scripting_enum(self, name: str, value: int | float) -> None:
+        """Make ``name`` a constant in scripts and Switch cases (BT.CPP's
+        ``registerScriptingEnum``): ``color == RED``, ``case_1="RED"``. A string
+        compared with a number converts through these names too."""
+        if not _ENUM_NAME_RE.match(name) or name in ("true", "false"):
+            raise ValueError(f"invalid enum name {name!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"enum {name!r}: the value must be a number, not {value!r}")
+        old = self._enums.get(name)
+        if old is not None and old != value:
+            raise ValueError(f"enum {name!r} is already registered with the value {old!r}")
+        self._enums[name] = value
+        self._cache.clear()
+
+    def register_scripting_enums(self, enum: type[Enum] | Mapping[str, int | float]) -> None:
+        """Register every member of an ``Enum`` (or ``IntEnum``) class, or of a mapping."""
+        items = (enum.items() if isinstance(enum, Mapping)
+                 else ((m.name, m.value) for m in enum))  # type: ignore[union-attr]
+        for name, value in items:
+            self.register_scripting_enum(name, value)
+
+    @property
+    def scripting_enums(self) -> Mapping[str, int | float]:
+        return dict(self._enums)
+
     # ---- loading -------------------------------------------------------------------
     def load(self, xml_text: str, *, main_tree: str | None = None,
-             filename: str = "<string>") -> TreeDefinition:
-        """Parse BT.CPP v4 XML into a (cached) TreeDefinition."""
-        key = (xml_text, main_tree, filename)
+             filename: str = "<string>", include_root: str | Path | None = None
+             ) -> TreeDefinition:
+        """Parse BT.CPP v4 XML into a (cached) TreeDefinition of its main tree.
+
+        The main tree is ``main_tree``, else the document's ``main_tree_to_execute``,
+        else its only ``<BehaviorTree>``. SubTrees may come from the document, the
+        files it includes (``include_root``: the folder they may be read from; text
+        needs one to include anything) and the trees registered on this factory.
+        """
+        key = (xml_text, main_tree, filename, None if include_root is None else str(include_root))
         d = self._cache.get(key)
         if d is None:
-            d = self._load(parse_xml(xml_text, filename), main_tree, filename)
-            if len(self._cache) > 256:
-                self._cache.clear()
-            self._cache[key] = d
+            path = Path(filename) if filename != "<string>" else None
+            doc = self._read(xml_text, filename, path, include_root, per_factory=False)
+            d = self._main_definition(doc, main_tree)
+            if not doc.includes:  # included files may change on disk: not cached
+                if len(self._cache) > 256:
+                    self._cache.clear()
+                self._cache[key] = d
         return d
 
-    def load_file(self, path: str | Path, *, main_tree: str | None = None) -> TreeDefinition:
+    def load_file(self, path: str | Path, *, main_tree: str | None = None,
+                  include_root: str | Path | None = None) -> TreeDefinition:
+        """:meth:`load` for a file. ``<include>`` paths are relative to the including
+        file and must stay inside ``include_root`` (default: this file's folder)."""
         p = Path(path)
-        return self.load(p.read_text(encoding="utf-8"), main_tree=main_tree, filename=str(p))
+        doc = self._read(p.read_text(encoding="utf-8"), str(p), p, include_root,
+                         per_factory=False)
+        return self._main_definition(doc, main_tree)
 
     def create_tree(
         self,
@@ -250,16 +292,63 @@ class Factory:
         clock: Callable[[], float] | None = None,
         raise_errors: bool = False,
         filename: str = "<string>",
+        include_root: str | Path | None = None,
     ) -> Tree:
         """Load (cached) and instantiate: a new Tree over ``blackboard``."""
-        return self.load(xml_text, main_tree=main_tree, filename=filename).instantiate(
+        return self.load(xml_text, main_tree=main_tree, filename=filename,
+                         include_root=include_root).instantiate(
             blackboard, clock=clock, raise_errors=raise_errors
         )
 
     def create_tree_from_file(self, path: str | Path, blackboard: Blackboard | None = None,
                               **kwargs: Any) -> Tree:
-        return self.load_file(path, main_tree=kwargs.pop("main_tree", None)).instantiate(
+        return self.load_file(path, main_tree=kwargs.pop("main_tree", None),
+                              include_root=kwargs.pop("include_root", None)).instantiate(
             blackboard, **kwargs)
+
+    # ---- registered trees (BT.CPP's registerBehaviorTreeFrom...) ----------------------
+    def register_behavior_tree_from_text(self, xml_text: str, *, filename: str = "<string>",
+                                         include_root: str | Path | None = None) -> list[str]:
+        """Register every ``<BehaviorTree>`` of the document (and of its includes) under
+        its ID; returns the IDs. A tree without an ID is named ``BehaviorTree_<n>``. A
+        registered ID is replaced by a later registration, as in BT.CPP. Trees are
+        checked when built (:meth:`create_tree_by_id`)."""
+        doc = self._read(xml_text, filename, None, include_root, per_factory=True)
+        return self._register_document(doc)
+
+    def register_behavior_tree_from_file(self, path: str | Path, *,
+                                         include_root: str | Path | None = None) -> list[str]:
+        """:meth:`register_behavior_tree_from_text` for a file (includes resolved as in
+        :meth:`load_file`)."""
+        p = Path(path)
+        doc = self._read(p.read_text(encoding="utf-8"), str(p), p, include_root,
+                         per_factory=True)
+        return self._register_document(doc)
+
+    def registered_behavior_trees(self) -> list[str]:
+        """IDs of the registered trees, in registration order."""
+        return list(self._trees)
+
+    def definition_by_id(self, tree_id: str) -> TreeDefinition:
+        """The TreeDefinition of a registered tree (cached)."""
+        key = ("<registered>", tree_id)
+        d = self._cache.get(key)
+        if d is None:
+            if tree_id not in self._trees:
+                raise NodeConfigError(f"no registered BehaviorTree {tree_id!r} (have: "
+                                      f"{', '.join(self._trees) or 'none'})")
+            el = self._trees[tree_id]
+            d = self._definition(self._trees, self._tree_models, self._subtree_models, tree_id,
+                                 el.source, {tree_id: el})
+            self._cache[key] = d
+        return d
+
+    def create_tree_by_id(self, tree_id: str, blackboard: Blackboard | None = None, *,
+                          clock: Callable[[], float] | None = None,
+                          raise_errors: bool = False) -> Tree:
+        """Build a registered tree (BT.CPP's ``createTree(ID)``)."""
+        return self.definition_by_id(tree_id).instantiate(blackboard, clock=clock,
+                                                          raise_errors=raise_errors)
 
     def define(self, root: Element | Any, *, subtrees: Mapping[str, Element | Any] | None = None,
                main_tree: str = "MainTree") -> TreeDefinition:
@@ -268,54 +357,73 @@ class Factory:
                                                         [_as_element(root)], None, "<builder>")}
         for tid, el in (subtrees or {}).items():
             trees[tid] = Element("BehaviorTree", {"ID": tid}, [_as_element(el)], None, "<builder>")
-        return self._definition(trees, {}, main_tree, "<builder>")
+        return self._definition({**self._trees, **trees}, {}, self._subtree_models, main_tree,
+                                "<builder>", trees)
 
-    def _load(self, root: Element, main_tree: str | None, source: str) -> TreeDefinition:
-        if root.tag != "root":
-            raise XMLFormatError(f"the document element must be <root>, not <{root.tag}>",
-                                 source=source, line=root.line)
-        fmt = root.attrs.get("BTCPP_format")
-        if fmt is not None and fmt != "4":
-            raise XMLFormatError(f'BTCPP_format="{fmt}" is not supported (only "4")',
-                                 source=source, line=root.line)
-        trees: dict[str, Element] = {}
-        models: dict[str, Element] = {}
-        for el in root.children:
-            if el.tag == "BehaviorTree":
-                tid = el.attrs.get("ID")
-                if not tid:
-                    raise XMLFormatError("<BehaviorTree> needs an ID", source=source, line=el.line)
-                if tid in trees:
-                    raise XMLFormatError(f"BehaviorTree ID {tid!r} defined twice",
-                                         source=source, line=el.line)
-                trees[tid] = el
-            elif el.tag == "TreeNodesModel":
-                for m in el.children:
-                    mid = m.attrs.get("ID")
-                    if not mid:
-                        raise XMLFormatError(f"<{m.tag}> in TreeNodesModel needs an ID",
-                                             source=source, line=m.line)
-                    models[mid] = m
-            elif el.tag == "include":
-                raise XMLFormatError("<include> is not supported: load the files separately",
-                                     source=source, line=el.line)
-            else:
-                raise XMLFormatError(f"unexpected <{el.tag}> under <root>", source=source,
-                                     line=el.line)
-        if not trees:
-            raise XMLFormatError("no <BehaviorTree> in the document", source=source, line=root.line)
-        main = main_tree or root.attrs.get("main_tree_to_execute")
+    # ---- internals -------------------------------------------------------------------
+    def _read(self, xml_text: str, filename: str, path: Path | None,
+              include_root: str | Path | None, *, per_factory: bool) -> Document:
+        count = [0]
+
+        def lone_name() -> str:
+            if per_factory:
+                self._lone_trees += 1
+                return f"BehaviorTree_{self._lone_trees - 1}"
+            count[0] += 1
+            return f"BehaviorTree_{count[0] - 1}"
+
+        return read_document(parse_xml(xml_text, filename), filename, path=path,
+                             include_root=None if include_root is None else Path(include_root),
+                             parse=parse_xml, is_node_id=self._registry.__contains__,
+                             lone_name=lone_name)
+
+    def _verify(self, doc: Document, trees: Mapping[str, Element]) -> None:
+        for d in doc.all_documents():
+            builder = SpecBuilder(self._registry, trees, {}, self._enums, d.source)
+            for el in d.trees.values():
+                builder.verify(el)
+
+    def _register_document(self, doc: Document) -> list[str]:
+        ids: list[str] = []
+        self._verify(doc, {**self._trees, **{t: e for d in doc.all_documents()
+                                              for t, e in d.trees.items()}})
+        for d in doc.all_documents():
+            self._check_models(d.models, d.source)
+            for tid, el in d.trees.items():
+                self._trees.pop(tid, None)
+                self._trees[tid] = el
+                ids.append(tid)
+            self._tree_models.update(d.models)
+            self._subtree_models.update(d.subtree_models)
+        self._cache.clear()
+        return ids
+
+    def _main_definition(self, doc: Document, main_tree: str | None) -> TreeDefinition:
+        trees: dict[str, Element] = dict(self._trees)
+        models: dict[str, Element] = dict(self._tree_models)
+        subtree_models = dict(self._subtree_models)
+        for d in doc.all_documents():
+            self._check_models(d.models, d.source)
+            trees.update(d.trees)
+            models.update(d.models)
+            subtree_models.update(d.subtree_models)
+        self._verify(doc, trees)
+        main = main_tree or doc.main_tree
         if main is None:
-            if len(trees) != 1:
+            if not doc.trees:
+                raise XMLFormatError("no <BehaviorTree> in the document", source=doc.source,
+                                     line=doc.root.line)
+            if len(doc.trees) != 1:
                 raise XMLFormatError(
-                    "several BehaviorTrees and no main_tree_to_execute: say which one to run",
-                    source=source, line=root.line)
-            main = next(iter(trees))
+                    "several BehaviorTrees and no main_tree_to_execute: say which one to run "
+                    f"(have: {', '.join(doc.trees)})", source=doc.source, line=doc.root.line)
+            main = next(iter(doc.trees))
         if main not in trees:
-            raise XMLFormatError(f"main tree {main!r} is not defined (have: {', '.join(trees)})",
-                                 source=source, line=root.line)
-        self._check_models(models, source)
-        return self._definition(trees, models, main, source)
+            raise XMLFormatError(f"main tree {main!r} is not defined (have: "
+                                 f"{', '.join(trees) or 'none'})",
+                                 source=doc.source, line=doc.root.line)
+        return self._definition(trees, models, subtree_models, main, doc.source, doc.trees,
+                                own_models=doc.models)
 
     def _check_models(self, models: dict[str, Element], source: str) -> None:
         for mid, m in models.items():
@@ -336,13 +444,22 @@ class Factory:
                         f"registered node does not have (ports: {', '.join(declared) or 'none'})",
                         source=source, line=p.line, node=mid)
 
-    def _definition(self, trees: dict[str, Element], models: dict[str, Element], main: str,
-                    source: str) -> TreeDefinition:
-        ctx = _LoadContext(trees, source)
-        root_spec = self._tree_root(main, ctx, None)
-        if not models:
-            models = self._models_for(ctx.used)
-        return TreeDefinition(root_spec, main_tree=main, trees=trees, models=models, source=source)
+    def _definition(self, trees: Mapping[str, Element], models: Mapping[str, Element],
+                    subtree_models: Mapping[str, SubTreeModel], main: str, source: str,
+                    own_trees: Mapping[str, Element],
+                    own_models: Mapping[str, Element] | None = None) -> TreeDefinition:
+        builder = SpecBuilder(self._registry, trees, subtree_models, self._enums, source)
+        root_spec = builder.tree_root(main)
+        # written back by to_xml(): the document's own trees, plus the others it uses
+        out_trees = dict(own_trees)
+        for tid in builder.used_trees:
+            out_trees.setdefault(tid, trees[tid])
+        out_models = dict(own_models) if own_models else {}
+        if not out_models:
+            out_models = {k: v for k, v in models.items() if k in builder.used_trees
+                          or k in builder.used} or self._models_for(builder.used)
+        return TreeDefinition(root_spec, main_tree=main, trees=out_trees, models=out_models,
+                              source=source)
 
     def _models_for(self, used: set[str]) -> dict[str, Element]:
         out = {}
@@ -356,230 +473,12 @@ class Factory:
                        PortDirection.INOUT: "inout_port"}[p.direction]
                 attrs = {"name": p.name, "type": type_name(p.type)}
                 if not p.required:
-                    attrs["default"] = _literal_text(p.default)
+                    attrs["default"] = literal_text(p.default)
                 if p.description:
                     attrs["description"] = p.description
                 ports.append(Element(tag, attrs))
             out[rid] = Element(reg.kind.capitalize(), {"ID": rid}, ports)
         return out
-
-    def _tree_root(self, tree_id: str, ctx: _LoadContext, caller: Element | None) -> NodeSpec:
-        el = ctx.trees.get(tree_id)
-        if el is None:
-            raise NodeConfigError(f"SubTree ID {tree_id!r} is not defined "
-                                  f"(have: {', '.join(ctx.trees)})",
-                                  source=caller.source if caller else ctx.source,
-                                  line=caller.line if caller else None,
-                                  node=caller.describe() if caller else None)
-        if tree_id in ctx.stack:
-            cycle = " -> ".join([*ctx.stack[ctx.stack.index(tree_id):], tree_id])
-            raise NodeConfigError(f"SubTree cycle: {cycle}", source=el.source,
-                                  line=caller.line if caller else el.line,
-                                  node=caller.describe() if caller else None)
-        if len(el.children) != 1:
-            raise NodeConfigError(
-                f"BehaviorTree {tree_id!r} must have exactly one root node, "
-                f"has {len(el.children)}", source=el.source, line=el.line)
-        ctx.stack.append(tree_id)
-        try:
-            return self._spec(el.children[0], ctx)
-        finally:
-            ctx.stack.pop()
-
-    def _spec(self, el: Element, ctx: _LoadContext) -> NodeSpec:
-        if el.tag == "SubTree":
-            return self._subtree_spec(el, ctx)
-        err = _error_at(el)
-        if el.tag in _V3_WRAPPERS and el.fn is None:
-            reg_id = el.attrs.get("ID")
-            if not reg_id:
-                raise err(NodeConfigError, f"<{el.tag}> needs an ID attribute")
-        else:
-            reg_id = el.tag
-        if el.fn is not None:
-            reg: Registration | None = _inline_registration(reg_id, el.fn, el)
-        else:
-            reg = self._registry.get(reg_id)
-        if reg is None:
-            close = difflib.get_close_matches(reg_id, list(self._registry), n=3)
-            hint = f" (did you mean {', '.join(close)}?)" if close else ""
-            raise err(NodeConfigError, f"unknown node ID {reg_id!r}{hint}")
-        if el.fn is None:
-            ctx.used.add(reg_id)
-        cls = reg.cls
-        n = len(el.children)
-        if reg.n_children is not None and n != reg.n_children:
-            raise err(NodeConfigError,
-                      f"{reg_id} needs exactly {_count(reg.n_children, 'child')}, "
-                      f"has {_count(n, 'child')}")
-        if n < cls.min_children or (cls.max_children is not None and n > cls.max_children):
-            want = (f"exactly {_count(cls.min_children, 'child')}"
-                    if cls.min_children == cls.max_children else
-                    f"at least {_count(cls.min_children, 'child')}" if cls.max_children is None
-                    else f"{cls.min_children} to {cls.max_children} children")
-            raise err(NodeConfigError, f"{reg_id} needs {want}, has {_count(n, 'child')}")
-        children = tuple(self._spec(c, ctx) for c in el.children)
-        declared = reg.ports_for(n)
-        name = el.attrs.get("name") or reg_id
-        bindings, scripts = self._bind(el, declared, cls, err)
-        literals = {k: b.value for k, b in bindings.items() if b.key is None}
-        if cls in (controls.ReactiveSequence, controls.ReactiveFallback):
-            async_kids = [c for c in children if c.is_async]
-            if len(async_kids) > 1:
-                raise err(NodeConfigError,
-                          f"{reg_id} has {len(async_kids)} asynchronous children "
-                          f"({', '.join(c.describe() for c in async_kids)}); at most one "
-                          "may return RUNNING on its own")
-        check = getattr(cls, "check_config", None)
-        if check is not None:
-            problem = check(n, literals)
-            if problem:
-                raise err(NodeConfigError, problem)
-        if any(a in _GUARD_ATTRS for a in scripts):
-            cls = guarded_class(cls)
-        async_with = getattr(cls, "async_with", None)
-        is_async = (reg.is_async or any(c.is_async for c in children)
-                    or (async_with is not None and async_with(literals)))
-        return NodeSpec(id=reg_id, name=name, cls=cls, children=children, bindings=bindings,
-                        port_decls=declared, scripts=scripts, fn=reg.fn, attrs=dict(el.attrs),
-                        is_async=is_async, source=el.source, line=el.line)
-
-    def _bind(self, el: Element, declared: dict[str, Port], cls: type[TreeNode],
-              err: Callable[..., TreeLoadError]) -> tuple[dict[str, Binding], dict[str, Any]]:
-        bindings: dict[str, Binding] = {}
-        scripts: dict[str, Any] = {}
-        script_ports = getattr(cls, "script_ports", ())
-        for attr, raw in el.attrs.items():
-            if attr == "name" or attr in _METADATA or (attr == "ID" and el.tag in _V3_WRAPPERS):
-                continue
-            if attr in _GUARD_ATTRS:
-                scripts[attr] = _compile(raw, attr, err)
-                continue
-            port = declared.get(attr)
-            if port is None:
-                if attr.startswith("_"):
-                    raise err(NodeConfigError, f"unknown special attribute {attr!r}")
-                raise err(PortError, f"unknown port {attr!r} (ports: "
-                                     f"{', '.join(declared) or 'none'})")
-            try:
-                key = blackboard_key(raw, attr)
-            except ValueError as e:
-                raise err(PortError, f"port {attr!r}: {e}") from None
-            if key is not None:
-                if attr in script_ports:
-                    raise err(PortError, f"port {attr!r} must be a literal script, not {raw!r}")
-                # a key binding falls back to the port default when the key is missing
-                bindings[attr] = Binding(port, key, None if port.required else port.default, raw,
-                                         not port.required)
-                continue
-            if not port.is_input:
-                raise err(PortError, f"output port {attr!r} must name a blackboard key "
-                                     f"like {{key}}, not {raw!r}")
-            try:
-                value = (convert_from_string(raw, port.type) if isinstance(raw, str)
-                         else coerce(raw, port.type))
-            except (TypeError, ValueError):
-                raise err(PortError, f"port {attr!r}: {raw!r} is not a valid "
-                                     f"{type_name(port.type)}") from None
-            if attr in script_ports:
-                scripts[attr] = _compile(value, attr, err)
-            text = raw if isinstance(raw, str) else _literal_text(raw)  # as the XML will read
-            bindings[attr] = Binding(port, None, value, text, False)
-        for pname, port in declared.items():
-            if pname in bindings or not port.is_input:
-                continue
-            if port.required:
-                raise err(PortError, f"missing required input port {pname!r}"
-                                     + (f" ({type_name(port.type)})" if port.type else ""))
-            bindings[pname] = Binding(port, None, port.default, None, True)
-        return bindings, scripts
-
-    def _subtree_spec(self, el: Element, ctx: _LoadContext) -> NodeSpec:
-        err = _error_at(el)
-        tid = el.attrs.get("ID")
-        if not tid:
-            raise err(NodeConfigError, "<SubTree> needs an ID attribute")
-        if el.children:
-            raise err(NodeConfigError, "<SubTree> takes no children (its content is the "
-                                       f"BehaviorTree {tid!r})")
-        remap: dict[str, str] = {}
-        values: dict[str, Any] = {}
-        autoremap = False
-        scripts: dict[str, Any] = {}
-        for attr, raw in el.attrs.items():
-            if attr in ("ID", "name") or attr in _METADATA:
-                continue
-            if attr == "_autoremap":
-                try:
-                    autoremap = (raw if isinstance(raw, bool)
-                                 else convert_from_string(str(raw), bool))
-                except ValueError:
-                    raise err(NodeConfigError, f"_autoremap must be true or false, not {raw!r}")\
-                        from None
-                continue
-            if attr in _GUARD_ATTRS:
-                scripts[attr] = _compile(raw, attr, err)
-                continue
-            if attr.startswith("_"):
-                raise err(NodeConfigError, f"unknown special attribute {attr!r}")
-            try:
-                key = blackboard_key(raw, attr)
-            except ValueError as e:
-                raise err(PortError, f"port {attr!r}: {e}") from None
-            if key is not None:
-                remap[attr] = key
-            else:
-                values[attr] = raw
-        child = self._tree_root(tid, ctx, el)
-        cls = guarded_class(SubTree) if scripts else SubTree
-        return NodeSpec(id="SubTree", name=el.attrs.get("name") or tid, cls=cls,
-                        children=(child,), scripts=scripts, attrs=dict(el.attrs),
-                        is_async=child.is_async,
-                        subtree=SubTreeInfo(tid, remap, values, autoremap),
-                        source=el.source, line=el.line)
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {'children' if noun == 'child' else noun + 's'}"
-
-
-def _error_at(el: Element) -> Callable[..., TreeLoadError]:
-    def make(kind: type[TreeLoadError], problem: str) -> TreeLoadError:
-        return kind(problem, source=el.source, line=el.line, node=el.describe())
-
-    return make
-
-
-def _compile(source: Any, attr: str, err: Callable[..., TreeLoadError]) -> Any:
-    from .script import ScriptError, compile_script
-
-    if not isinstance(source, str):
-        raise err(NodeConfigError, f"{attr}: a script must be a string, not {source!r}")
-    try:
-        return compile_script(source)
-    except ScriptError as e:
-        raise err(NodeConfigError, f"{attr}: {e}") from None
-
-
-def _literal_text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if hasattr(value, "name") and type(value).__name__ == "Status":
-        return value.name
-    return str(value)
-
-
-def _inline_registration(reg_id: str, fn: Any, el: Element) -> Registration:
-    """Builder leaves given a function instead of a registered ID."""
-    if isinstance(fn, type) and issubclass(fn, TreeNode):
-        return Registration(reg_id, fn, tuple(normalize_ports(fn.ports).values()),
-                            is_async=fn.is_async)
-    ports = tuple(normalize_ports(el.ports).values())
-    if el.kind == "condition":
-        return Registration(reg_id, FunctionCondition, ports, fn=fn)
-    if inspect.iscoroutinefunction(fn):
-        return Registration(reg_id, AsyncAction, ports, fn=fn, is_async=True)
-    return Registration(reg_id, FunctionAction, ports, fn=fn)
 
 
 def _as_element(x: Any) -> Element:

@@ -1,4 +1,5 @@
-"""Small built-in leaves from BT.CPP: AlwaysSuccess, AlwaysFailure, SetBlackboard, Sleep."""
+"""Small built-in leaves from BT.CPP: AlwaysSuccess, AlwaysFailure, SetBlackboard,
+UnsetBlackboard, Sleep."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from .node import ActionNode
 from .ports import InputPort
 from .status import FAILURE, RUNNING, SUCCESS, Status
 
-__all__ = ["AlwaysFailure", "AlwaysSuccess", "SetBlackboard", "Sleep"]
+__all__ = ["AlwaysFailure", "AlwaysSuccess", "SetBlackboard", "Sleep", "UnsetBlackboard"]
 
 
 class AlwaysSuccess(ActionNode):
@@ -36,6 +37,19 @@ class SetBlackboard(ActionNode):
 
     def tick(self) -> Status:
         self.blackboard.set(self.get_input("output_key"), self.get_input("value"))
+        self.status = SUCCESS
+        return SUCCESS
+
+
+class UnsetBlackboard(ActionNode):
+    """``<UnsetBlackboard key="name"/>``: removes the value of blackboard key ``key``
+    (a missing key is fine); SUCCESS."""
+
+    __slots__ = ()
+    ports = (InputPort("key", type=str, description="blackboard key whose value is removed"),)
+
+    def tick(self) -> Status:
+        self.blackboard.unset(self.get_input("key"))
         self.status = SUCCESS
         return SUCCESS
 

@@ -124,7 +124,7 @@ def test_subtree_literal_ports_and_private_scope(factory):
     tree = factory.create_tree(xml)
     assert tree.tick() is Status.SUCCESS
     assert "seen" not in tree.blackboard  # the subtree's own keys stay inside it
-    assert tree.find("Inner").child.blackboard.get("seen") == "5"
+    assert tree.find("Inner").child.blackboard.get("seen") == 5  # typed as BT.CPP 4.10 does
 
 
 def test_subtree_autoremap_in_xml(factory):

@@ -117,23 +117,6 @@ def test_reference_tree_ticks_ten_nodes_and_keeps_only_the_active_path_running(f
     assert len({t.uid for t in last.transitions}) == 7  # C1-3 + their 3 sequences, + C4
 
 
-def test_reactive_node_rejects_two_asynchronous_children_at_load_time(factory, probes):
-    probes.stateful("Walk", "Talk")
-    with pytest.raises(NodeConfigError, match="asynchronous") as e:
-        factory.create_tree(wrap("<ReactiveSequence><Walk/><Talk/></ReactiveSequence>"))
-    assert "ReactiveSequence" in str(e.value) and ":1" in str(e.value)
-
-
-def test_a_finite_repeat_of_synchronous_actions_is_not_asynchronous(factory, probes):
-    probes.action("Step")
-    probes.stateful("Wander")
-    factory.create_tree(wrap('<ReactiveFallback><Repeat num_cycles="2"><Step/></Repeat>'
-                             "<Wander/></ReactiveFallback>"))
-    with pytest.raises(NodeConfigError, match="asynchronous"):
-        factory.create_tree(wrap('<ReactiveFallback><Repeat num_cycles="-1"><Step/></Repeat>'
-                                 "<Wander/></ReactiveFallback>"))
-
-
 @pytest.mark.parametrize(
     ("success_count", "failure_count", "results", "expected"),
     [

@@ -173,8 +173,13 @@ def test_structure_errors():
         f.load(wrap("<Inverter/>"))
     with pytest.raises(NodeConfigError, match="SubTree ID 'Nope' is not defined"):
         f.load(wrap('<SubTree ID="Nope"/>'))
-    with pytest.raises(XMLFormatError, match="unexpected text"):
-        f.load(wrap("<Sequence>hello<AlwaysSuccess/></Sequence>"))
+    with pytest.raises(XMLFormatError, match="exactly one root node"):
+        f.load('<root BTCPP_format="4"><BehaviorTree ID="A"/></root>')
+
+
+def test_text_inside_elements_is_ignored_as_bt_cpp_does():
+    tree = Factory().create_tree(wrap("<Sequence>hello;<AlwaysSuccess/>\\n</Sequence>"))
+    assert tree.tick() is Status.SUCCESS
 
 
 def test_tree_nodes_model_is_checked_against_registrations(guard_factory):
