@@ -45,7 +45,7 @@ _MISSING: Any = object()
 class Entry:
     """One key's storage. Remapped keys share the owner's Entry object."""
 
-    __slots__ = ("key", "owner", "seq", "type", "value", "waiters")
+    __slots__ = ("key", "owner", "removed", "seq", "type", "value", "waiters")
 
     def __init__(self, key: str, owner: Blackboard) -> None:
         self.key = key
@@ -53,6 +53,7 @@ class Entry:
         self.value: Any = _UNSET
         self.type: type | None = None
         self.seq = 0  # bumped by every write, equal or not (BT.CPP's sequence_id)
+        self.removed = False  # unset(): the key no longer exists (until written again)
         # objects with a ``wake()`` method waiting for this entry to change (sleeping trees)
         self.waiters: set[Any] | None = None
 
@@ -216,7 +217,8 @@ class Blackboard:
     def has_entry(self, key: str) -> bool:
         """Whether ``key`` exists from here, even without a value yet (BT.CPP creates the
         entry of every ``{key}`` port when the tree is built)."""
-        return self._lookup(key) is not None
+        e = self._lookup(key)
+        return e is not None and not e.removed
 
     def set(self, key: str, value: Any) -> None:
         """Write ``key`` (creating it where it belongs) and notify on change."""
@@ -234,6 +236,7 @@ class Blackboard:
         e.seq += 1
         if old is value:
             return
+        e.removed = False
         reads = self._reads
         if reads is not None and e in reads.entries:
             reads.dirty = True
@@ -265,12 +268,17 @@ class Blackboard:
             ) from None
 
     def unset(self, key: str) -> None:
-        """Remove ``key``'s value (its fixed type stays). Observers see new=None."""
+        """Remove ``key`` (its fixed type stays, for when it is written again); ``has_entry``
+        is then False, as after BT.CPP's ``unset``. Observers see new=None."""
         e = self._lookup(key)
-        if e is None or e.value is _UNSET:
+        if e is None:
+            return
+        if e.value is _UNSET:
+            e.removed = True
             return
         old = e.value
         e.value = _UNSET
+        e.removed = True
         e.seq += 1
         if e.waiters:
             waiters, e.waiters = e.waiters, None

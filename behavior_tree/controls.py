@@ -7,6 +7,7 @@ SKIPPED stays IDLE and is passed over.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from .node import ControlNode, TreeNode, halt_children
@@ -498,19 +499,46 @@ def _halt_one(c: TreeNode) -> None:
     c.status = IDLE
 
 
-def values_equal(variable: Any, case: Any) -> bool:
-    """Switch's comparison: equal values, or equal after converting the case
-    literal to the variable's type (``"3"`` matches 3, ``"SUCCESS"`` a Status)."""
-    if variable == case:
-        return True
-    if isinstance(case, str) and not isinstance(variable, str):
-        from .ports import convert_from_string
+_EPS = 1.1920928955078125e-07  # float epsilon, BT.CPP's tolerance for equal reals
 
+
+def _switch_text(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, Status):
+        return v.name
+    return v if isinstance(v, str) else str(v)
+
+
+def _switch_number(v: Any, enums: Mapping[str, Any]) -> float | None:
+    if isinstance(v, (bool, int, float)) and not isinstance(v, Status):
+        return float(v)
+    if not isinstance(v, str):
+        return None
+    n = enums.get(v)
+    if n is not None:
+        return float(n)
+    if v in ("true", "false"):
+        return 1.0 if v == "true" else 0.0
+    try:
+        return float(int(v))
+    except ValueError:
         try:
-            return bool(variable == convert_from_string(case, type(variable)))
-        except (TypeError, ValueError):
-            return False
-    return str(variable) == str(case)
+            return float(v)
+        except ValueError:
+            return None
+
+
+def values_equal(variable: Any, case: Any, enums: Mapping[str, Any] | None = None) -> bool:
+    """Switch's comparison, BT.CPP's CheckStringEquality: equal as text, or both read as
+    numbers (a number text, an enum name, true/false, or a number value) and equal
+    within float epsilon. So ``'5.0'`` matches case ``"5"``, ``RED`` matches ``"1"``
+    when the enum RED is 1, and the Status SUCCESS matches ``"SUCCESS"``."""
+    if _switch_text(variable) == _switch_text(case):
+        return True
+    enums = enums or {}
+    a, b = _switch_number(variable, enums), _switch_number(case, enums)
+    return a is not None and b is not None and abs(a - b) <= _EPS
 
 
 class Switch(ControlNode):
@@ -531,7 +559,7 @@ class Switch(ControlNode):
         if variable is not None:
             for i in range(n_cases):
                 case = self.get_input(f"case_{i + 1}", None)
-                if case is not None and values_equal(variable, case):
+                if case is not None and values_equal(variable, case, self.spec.enums):
                     match = i
                     break
         if self.running != -1 and self.running != match:

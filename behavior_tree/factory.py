@@ -114,7 +114,7 @@ class Factory:
     def __init__(self) -> None:
         self._registry: dict[str, Registration] = dict(_BUILTINS)
         self._cache: dict[tuple[Any, ...], TreeDefinition] = {}
-        self._enums: dict[str, int | float] = {}
+        self._enums: dict[str, int] = {}
         self._trees: dict[str, Element] = {}  # registered BehaviorTrees by ID
         self._tree_models: dict[str, Element] = {}
         self._subtree_models: dict[str, SubTreeModel] = {}
@@ -226,29 +226,31 @@ class Factory:
         return dict(self._registry)
 
     # ---- scripting enums -------------------------------------------------------------
-    def register_scripting_enum(self, name: str, value: int | float) -> None:
-        """Make ``name`` a constant in scripts and Switch cases (BT.CPP's
-        ``registerScriptingEnum``): ``color == RED``, ``case_1="RED"``. A string
-        compared with a number converts through these names too."""
+    def register_scripting_enum(self, name: str, value: int) -> None:
+        """Make ``name`` an integer constant in scripts and Switch cases (BT.CPP's
+        ``registerScriptingEnum``): ``color := RED``, ``color == RED``, ``case_1="RED"``.
+        A string compared with a number converts through these names too
+        (``'RED' == 1``). Registering a name again with another value is an error."""
         if not _ENUM_NAME_RE.match(name) or name in ("true", "false"):
             raise ValueError(f"invalid enum name {name!r}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"enum {name!r}: the value must be a number, not {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"enum {name!r}: the value must be an int, not {value!r}")
         old = self._enums.get(name)
         if old is not None and old != value:
             raise ValueError(f"enum {name!r} is already registered with the value {old!r}")
         self._enums[name] = value
         self._cache.clear()
 
-    def register_scripting_enums(self, enum: type[Enum] | Mapping[str, int | float]) -> None:
-        """Register every member of an ``Enum`` (or ``IntEnum``) class, or of a mapping."""
+    def register_scripting_enums(self, enum: type[Enum] | Mapping[str, int]) -> None:
+        """Register every member of an ``Enum`` class with int values (an ``IntEnum``),
+        or every item of a mapping (BT.CPP's ``registerScriptingEnums<E>()``)."""
         items = (enum.items() if isinstance(enum, Mapping)
                  else ((m.name, m.value) for m in enum))  # type: ignore[union-attr]
         for name, value in items:
             self.register_scripting_enum(name, value)
 
     @property
-    def scripting_enums(self) -> Mapping[str, int | float]:
+    def scripting_enums(self) -> Mapping[str, int]:
         return dict(self._enums)
 
     # ---- loading -------------------------------------------------------------------

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .errors import BlackboardError, BlackboardTypeError
-from .ports import Port, coerce, type_name
+from .ports import Port, coerce, coerce_for_read, type_name
 from .status import FAILURE, IDLE, RUNNING, SUCCESS, Status
 
 if TYPE_CHECKING:
@@ -142,7 +142,7 @@ class TreeNode:
         t = b.type
         if t is not None and v.__class__ is not t and v is not None:
             try:
-                v = coerce(v, t)
+                v = coerce_for_read(v, t)
             except (TypeError, ValueError):
                 raise BlackboardTypeError(
                     f"node {self.spec.describe()}: port {name!r} expects {type_name(t)}, "

@@ -108,11 +108,12 @@ def normalize_ports(ports: Iterable[Port | str] | None) -> dict[str, Port]:
     return out
 
 
-_KEY_RE = re.compile(r"^\{\s*([^{}]*?)\s*\}$")
+_KEY_RE = re.compile(r"^\s*\{\s*([^{}]*?)\s*\}\s*$")
 
 
 def blackboard_key(text: Any, port_name: str) -> str | None:
-    """``"{key}"`` -> ``"key"``, ``"{=}"`` -> the port name, anything else -> None."""
+    """``"{key}"`` -> ``"key"``, ``"{=}"`` -> the port name, anything else -> None.
+    Spaces around the braces do not matter (``"{key}  "`` is a key, as in BT.CPP)."""
     if not isinstance(text, str):
         return None
     m = _KEY_RE.match(text)
@@ -203,6 +204,14 @@ def convert_from_string(text: str, target: type | None) -> Any:
         return target(s)
     except Exception as e:
         raise ValueError(f"{text!r} does not convert to {type_name(target)}: {e}") from None
+
+
+def coerce_for_read(value: Any, target: type | None) -> Any:
+    """:func:`coerce`, plus numbers read through a ``str`` port become their text (BT.CPP
+    reads an int entry through an ``std::string`` port as ``"42"``)."""
+    if target is str and value.__class__ in (int, float):
+        return str(value)
+    return coerce(value, target)
 
 
 def coerce(value: Any, target: type | None) -> Any:

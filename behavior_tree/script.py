@@ -458,6 +458,35 @@ def _is_number(v: Any) -> bool:
     return t is int or t is float or (t is not bool and isinstance(v, numbers.Real))
 
 
+_EPS = 1.1920928955078125e-07  # float epsilon: BT.CPP's tolerance for == between reals
+_BOOL_TEXT = {"true": 1, "false": 0}
+
+
+def _number_of(v: Any, enums: Mapping[str, Any]) -> Any:
+    """A value as a number for mixed comparisons, as BT.CPP's StringToDouble:
+    booleans are 1/0; a string is ``true``/``false``, an enum name or a number text.
+    None when it is none of these."""
+    t = type(v)
+    if t is int or t is float:
+        return v
+    if t is bool:
+        return int(v)
+    if t is str:
+        n = _BOOL_TEXT.get(v)
+        if n is None:
+            n = enums.get(v)
+        if n is None:
+            try:
+                n = int(v)
+            except ValueError:
+                try:
+                    n = float(v)
+                except ValueError:
+                    return None
+        return n
+    return v if _is_number(v) else None
+
+
 def _kind(v: Any) -> str:
     if isinstance(v, bool):
         return "boolean"
@@ -484,8 +513,9 @@ def _concat_text(v: Any) -> str | None:
 
 
 class _Compiler:
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, enums: Mapping[str, Any]) -> None:
         self.source = source
+        self.enums = enums
         self.reads: set[str] = set()
         self.writes: set[str] = set()
         self.depth = 0
@@ -623,6 +653,8 @@ class _Compiler:
         pyop = _ARITHMETIC[op]
 
         def apply(a: Any, b: Any) -> Any:
+            if type(a) is bool or type(b) is bool:  # BT.CPP: booleans are numbers (1/0)
+                a, b = (int(a) if type(a) is bool else a), (int(b) if type(b) is bool else b)
             if (type(a) in _NUMERIC and type(b) in _NUMERIC) or (_is_number(a) and _is_number(b)):
                 try:
                     return pyop(a, b)
@@ -649,7 +681,7 @@ class _Compiler:
 
             def compare(env: Any) -> bool:
                 a, b = left(env), right(env)
-                if type(a) in _NUMERIC and type(b) in _NUMERIC:  # fast path, checks inlined
+                if type(a) is int and type(b) is int:  # fast path, checks inlined
                     return pyop(a, b)
                 return check(a, b)
 
@@ -670,15 +702,29 @@ class _Compiler:
         return compare_chain, constant
 
     def _comparison(self, op: str, node: _Compare) -> Callable[[Any, Any], bool]:
+        """BT.CPP's comparison rules: numbers (booleans count as 1/0) compare as numbers,
+        equal when within float epsilon; two strings compare as strings; a string and a
+        number compare after the string is converted (``true``/``false``, an enum name,
+        a number text); anything else must be of one kind."""
         pyop = _ORDERING[op]
         equality = op in ("==", "!=")
+        enums = self.enums
+
+        def numbers(a: Any, b: Any) -> bool:
+            if equality and (type(a) is float or type(b) is float):
+                same = abs(a - b) <= _EPS
+                return same if op == "==" else not same
+            return bool(pyop(a, b))
 
         def check(a: Any, b: Any) -> bool:
             ta, tb = type(a), type(b)
-            if (ta in _NUMERIC and tb in _NUMERIC) or (ta is str and tb is str):
+            if ta is str and tb is str:
                 return pyop(a, b)
+            na, nb = _number_of(a, enums), _number_of(b, enums)
+            if na is not None and nb is not None:
+                return numbers(na, nb)
             ka, kb = _kind(a), _kind(b)
-            if ka == kb and (equality or ka in ("number", "string")):
+            if ka == kb and ka not in ("string", "number", "boolean") and equality:
                 return bool(pyop(a, b))
             what = "compare" if equality else "order"
             raise self.error(f"cannot {what} {_show(a)} with {_show(b)} using '{op}'", node)
@@ -726,7 +772,14 @@ class _Compiler:
         if op == "=":
 
             def assign(env: Any) -> Any:
-                existing(env)
+                # the entry must exist, with or without a value (a blackboard creates the
+                # entry of every {key} port when the tree is built, as BT.CPP does)
+                exists = getattr(env, "has_entry", None)
+                if exists is None:
+                    existing(env)
+                elif not exists(key):
+                    raise self.error(f"'=' needs an existing key but {key!r} does not exist "
+                                     f"(create it with {key} := ...)", node)
                 return store(env, value(env))
 
             return assign, False
@@ -752,7 +805,7 @@ def compile_script(source: str, enums: Mapping[str, Any] | None = None) -> Compi
     if not isinstance(source, str):
         raise TypeError(f"script source must be a str, got {type(source).__name__}")
     statements = _Parser(source, enums or {}).program()
-    compiler = _Compiler(source)
+    compiler = _Compiler(source, enums or {})
     fns = [compiler.compile(statement)[0] for statement in statements]
     if len(fns) == 1:
         run = fns[0]  # every closure is fresh per compile, so it can carry the attributes

@@ -125,9 +125,37 @@ def test_comparisons(source: str, expected: bool) -> None:
 
 
 def test_chained_comparison_compares_neighbours_not_a_boolean_result() -> None:
-    # `1 < 2 == true` is `1 < 2 && 2 == true`, and a number never equals a boolean
-    with pytest.raises(ScriptError, match="cannot compare number 2 with boolean True"):
-        run("1 < 2 == true")
+    # `1 < 2 == true` is `1 < 2 && 2 == true`; true counts as 1 (BT.CPP), so it is false
+    assert run("1 < 2 == true") is False
+    assert run("0 < 1 == true") is True
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("flag == true", True),  # a string "true" compared with a boolean: converted
+        ("flag == 1", True),
+        ("count + 1 == 43", False),  # "42" + 1 is an error, not a conversion (see below)
+        ("count == 42", True),  # a number text compared with a number: converted
+        ("count > 41.5", True),
+        ("mode == 'ALERT'", True),  # two strings: compared as strings
+        ("true + 1", 2),  # booleans are numbers in arithmetic too
+        ("true < false", False),
+        ("0.1 + 0.2 == 0.3", True),  # reals are equal within float epsilon, as BT.CPP
+    ],
+)
+def test_strings_numbers_and_booleans_convert_as_in_bt_cpp(source: str, expected: Any) -> None:
+    env = {"flag": "true", "count": "42", "mode": "ALERT", "name": "guard"}
+    if source.startswith("count + 1"):
+        with pytest.raises(ScriptError, match="'\\+' needs two numbers or two strings"):
+            run(source, **env)
+        return
+    assert run(source, **env) == expected
+
+
+def test_enum_names_convert_in_comparisons_with_numbers() -> None:
+    script = compile_script("color == RED && state == 2", enums={"RED": 1, "ALERT": 2})
+    assert script(DictEnv({"color": 1, "state": "ALERT"})) is True  # 'ALERT' -> 2
 
 
 def test_ternary_picks_a_branch_and_nests_to_the_right() -> None:
@@ -345,16 +373,14 @@ def test_non_string_source_is_a_type_error() -> None:
     [
         ("name - 1", "'-' needs two numbers, got string 'guard' and number 1", "name - 1"),
         ("hp + name", "'+' needs two numbers or two strings", "hp + name"),
-        ("true + 1", "got boolean True and number 1", "true + 1"),
         ("hp / zero", "division by zero", "hp / zero"),
         ("hp % zero", "division by zero", "hp % zero"),
         ("2 * (missing + 1)", "unknown blackboard key 'missing'", "missing"),
         ("-name", "unary '-' needs a number", "-name"),
         ("!name", "expected a boolean or a number, got string 'guard'", "name"),
-        ("name && true", "expected a boolean or a number", "name"),
         ("name ? 1 : 2", "expected a boolean or a number", "name"),
+        ("name && true", "expected a boolean or a number", "name"),
         ("name == 3", "cannot compare string 'guard' with number 3", "name == 3"),
-        ("true < false", "cannot order boolean True with boolean False", "true < false"),
         ("name < 3", "cannot order", "name < 3"),
         ("items .. 'x'", "'..' joins strings and numbers", "items .. 'x'"),
         ("hp /= zero", "division by zero", "hp /= zero"),
