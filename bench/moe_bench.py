@@ -19,7 +19,7 @@ Variants:
   fp32/dense   all experts, fp32, gated: not sparse
 INT4 variants run at accuracy_level 4 and 0.
 
-Then the MoE block of layer 0 alone (``runtime.export.build_moe_block``), one token per call:
+Then the MoE block of layer 0 alone (``runtime.factory.export.build_moe_block``), one token per call:
 the per-token cost of the expert computation itself, without attention and lm_head.
 """
 
@@ -34,9 +34,9 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from runtime.export import ExportOptions, build_moe_block, build_onnx, load_checkpoint
-from runtime.model import Flash, FlashConfig
-from runtime.onnx_model import FlashOnnx, session_options
+from runtime.client.onnx_model import FlashOnnx, session_options
+from runtime.factory.export import ExportOptions, build_moe_block, build_onnx, load_checkpoint
+from runtime.factory.model import Flash, FlashConfig
 
 
 @dataclass
@@ -92,7 +92,7 @@ def validation_sequences(model_dir: str, n: int) -> list[tuple[list[int], int]]:
     """(prompt + line + eos ids, prompt length) for the first ``n`` validation examples."""
     from pathlib import Path
 
-    from runtime.linebook import load_line_book
+    from runtime.factory.linebook import load_line_book
     from runtime.tokenizer import Tokenizer
 
     tok = Tokenizer.load(Path(model_dir) / "tokenizer.json")

@@ -37,9 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.constraints import WordConstraint
-from runtime.generator import LineGenerator, LineRequest
-from runtime.onnx_model import DEFAULT_MODEL_DIR, FlashOnnx
+from runtime.client.constraints import WordConstraint
+from runtime.client.generator import LineGenerator, LineRequest
+from runtime.client.onnx_model import DEFAULT_MODEL_DIR, FlashOnnx
 
 
 @dataclass
@@ -106,8 +106,8 @@ def find_checkpoint(model_dir: Path, checkpoint: Path | None) -> Path | None:
 
 def variant_dir(model_dir: Path, ckpt: Path, tmp: Path, name: str, weights: str, moe: str) -> Path:
     """A copy of the model directory's side files with ``model.int4.onnx`` replaced by another
-    graph of the same checkpoint (``weights``, ``moe`` as in :class:`runtime.export.ExportOptions`)."""
-    from runtime.export import ExportOptions, build_onnx, load_checkpoint, save_model
+    graph of the same checkpoint (``weights``, ``moe`` as in :class:`runtime.factory.export.ExportOptions`)."""
+    from runtime.factory.export import ExportOptions, build_onnx, load_checkpoint, save_model
 
     sd, cfg = load_checkpoint(ckpt)
     out = tmp / name

@@ -10,9 +10,9 @@ count the same work for every peer.
 Peers:
   client     runtime.LineGenerator (onnxruntime, the shipped INT4 graph, one intra-op thread),
              one line after another: the engine a game client runs
-  ort        runtime.ort_engine.OrtBatchedEngine (on a CPU, unless ``--no-ort``): the same
+  ort        runtime.serving.ort_engine.OrtBatchedEngine (on a CPU, unless ``--no-ort``): the same
              closed loop through the shipped INT4 graph; the dialogue server's CPU engine
-  batched    runtime.batched_engine.BatchedEngine on ``--device``, closed loop: ``C`` sessions
+  batched    runtime.serving.batched_engine.BatchedEngine on ``--device``, closed loop: ``C`` sessions
              always have a request in flight (a finished line is replaced by a new request at
              once, so requests join and leave the running batch continuously), for each ``C``
              of ``--sweep``, ``--seconds`` each after a warm-up
@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from runtime.batched_engine import BatchedEngine, GenRequest, GenResult, load_flash
-from runtime.constraints import read_constraints
+from runtime.client.constraints import read_constraints
+from runtime.serving.batched_engine import BatchedEngine, GenRequest, GenResult, load_flash
 
 
 def village_prompts(tok: Any, n: int, seed: int = 0) -> list[list[int]]:
@@ -68,7 +68,7 @@ def pct(values: list[float], q: float) -> float | None:
 def client_peer(model_dir: Path | None, tokens: int, seconds: float) -> dict[str, Any]:
     """Single-stream client engine: lines one after another for ``seconds``."""
     try:
-        from runtime.generator import LineGenerator
+        from runtime.client.generator import LineGenerator
     except ImportError as exc:  # a bare machine without prometheus-client: the bare ONNX decoder
         return onnx_peer(model_dir, tokens, seconds, f"{exc}")
 
@@ -97,7 +97,7 @@ def client_peer(model_dir: Path | None, tokens: int, seconds: float) -> dict[str
 
 def onnx_peer(model_dir: Path | None, tokens: int, seconds: float, why: str) -> dict[str, Any]:
     """The client's decoder without its masks and fallbacks (FlashOnnx.generate_ids, eos allowed)."""
-    from runtime.onnx_model import FlashOnnx
+    from runtime.client.onnx_model import FlashOnnx
 
     m = FlashOnnx.load(model_dir, threads=1)
     prompts = village_prompts(m.tokenizer, 256, seed=1)
@@ -217,7 +217,7 @@ def service_load(model_dir: Path | None, checkpoint: Path | None, device: str, d
     arrivals at ``rate`` per second for ``seconds`` (one asyncio loop, engine in its thread)."""
     import asyncio
 
-    from runtime.dialogue_service import Busy, DialogueService
+    from runtime.serving.dialogue_service import Busy, DialogueService
 
     svc = DialogueService.load(model_dir, checkpoint=checkpoint, device=device, dtype=dtype, max_batch=max_batch,
                                engine=engine, max_queue=4 * max_batch, default_deadline_ms=deadline_ms,
@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--moe", default="auto", choices=["auto", "loop", "grouped_mm"])
     ap.add_argument("--no-client", action="store_true")
     ap.add_argument("--no-ort", action="store_true",
-                    help="on a CPU, skip the onnxruntime batched engine's sweep (runtime.ort_engine)")
+                    help="on a CPU, skip the onnxruntime batched engine's sweep (runtime.serving.ort_engine)")
     ap.add_argument("--engine", default="auto", choices=["auto", "ort", "torch"],
                     help="the --service run's engine (auto: onnxruntime on a CPU)")
     ap.add_argument("--json", type=Path, default=None)
@@ -379,8 +379,8 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:
             runs.append({"graphs": graphs, "error": f"{type(exc).__name__}: {exc}"})
     if args.device == "cpu" and not args.no_ort:
-        from runtime.onnx_model import FlashOnnx
-        from runtime.ort_engine import OrtBatchedEngine
+        from runtime.client.onnx_model import FlashOnnx
+        from runtime.serving.ort_engine import OrtBatchedEngine
 
         onnx = FlashOnnx.load(args.model, threads=max(1, args.threads))
         sweep(OrtBatchedEngine(onnx, max_batch=max_c, banned_words=banned,

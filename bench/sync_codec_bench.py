@@ -16,9 +16,9 @@ import random
 import statistics
 import time
 
-from server_sync.core import SyncCore
-from server_sync.protocol import decode, encode
-from server_sync.world import sim_world
+from server_sync.sync.core import SyncCore
+from server_sync.sync.world import sim_world
+from server_sync.transport.wire import decode, encode
 
 
 def sample_messages(seed: int = 0) -> dict[str, list[dict]]:

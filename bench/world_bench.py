@@ -26,7 +26,7 @@ import numpy as np
 
 from plugin import Line, World
 from plugin.village import residents, village_tree
-from runtime.generator import LineGenerator
+from runtime.client.generator import LineGenerator
 
 
 def build(n_npcs: int, n_players: int, side: float, seed: int,

@@ -88,7 +88,7 @@ def draw_bubble(screen: pygame.Surface, font: pygame.font.Font, text: str, ancho
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     w, h = (int(v) for v in args.size.lower().split("x"))
-    from runtime.generator import LineGenerator
+    from runtime.client.generator import LineGenerator
 
     gen = LineGenerator.load(args.model)
     world = World(gen, seed=args.seed, stream=True, speech_cooldown=15.0)

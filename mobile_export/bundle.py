@@ -1,7 +1,7 @@
 """Build a model bundle for mobile and desktop builds: ``flashnpc export mobile``.
 
 :func:`export_bundle` turns an exported model directory (``flashnpc export`` output; default
-the shipped ``runtime/assets/flash/``) into a bundle (see :mod:`runtime.bundle` and
+the shipped ``runtime/assets/flash/``) into a bundle (see :mod:`runtime.client.bundle` and
 ``docs/mobile.md``):
 
     manifest.json               format version, model id/version, files with size and sha256,
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.bundle import BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, BundleError, sha256_file
+from runtime.client.bundle import BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, BundleError, sha256_file
 
 TARGETS = {"arm": "arm", "x86": "amd64"}  # --target -> the converter's target_platform
 MAX_BUNDLE_BYTES = 8_000_000
@@ -104,7 +104,7 @@ def _build(src: Path, stage: Path, work: Path, target: str, model_id: str) -> di
     import onnxruntime as ort
 
     from mobile_export.reference import compare_cases, generate_cases, reference_settings
-    from runtime.onnx_model import FlashOnnx
+    from runtime.client.onnx_model import FlashOnnx
 
     operators = _convert(src / SOURCE_MODEL, work, stage, target)
     for name in ("tokenizer.json", "config.json"):
@@ -198,7 +198,7 @@ def _engine_sampling_defaults() -> dict[str, Any]:
     Python build does."""
     import inspect
 
-    from runtime.generator import LineGenerator
+    from runtime.client.generator import LineGenerator
 
     init = inspect.signature(LineGenerator.__init__).parameters
     gen = inspect.signature(LineGenerator.generate).parameters
@@ -207,7 +207,7 @@ def _engine_sampling_defaults() -> dict[str, Any]:
 
 
 def _ort_options() -> Any:
-    from runtime.onnx_model import ort_session_options
+    from runtime.client.onnx_model import ort_session_options
 
     return ort_session_options(1)
 
@@ -258,7 +258,7 @@ def _tensors(args: list[Any]) -> list[dict[str, Any]]:
 def _copy_or_write(src: Path, dest: Path) -> None:
     """Copy a side file (fallbacks.json, constraints.json) from the model directory, or write
     it from the default line book as `flashnpc export` does when the directory predates it."""
-    from runtime.export import write_constraints, write_fallbacks
+    from runtime.factory.export import write_constraints, write_fallbacks
 
     if (src / dest.name).is_file():
         shutil.copyfile(src / dest.name, dest)

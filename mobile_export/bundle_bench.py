@@ -24,12 +24,12 @@ import numpy as np
 
 def measure(path: Path, reps: int, steps: int = 32) -> tuple[float, float]:
     """(median load ms, median ms per decoded token) for a model directory or bundle."""
-    import runtime.bundle
-    from runtime.onnx_model import FlashOnnx
+    import runtime.client.bundle
+    from runtime.client.onnx_model import FlashOnnx
 
     loads = []
     for _ in range(reps):
-        runtime.bundle._VERIFIED.clear()
+        runtime.client.bundle._VERIFIED.clear()
         t0 = time.perf_counter()
         model = FlashOnnx.load(path)
         loads.append((time.perf_counter() - t0) * 1e3)

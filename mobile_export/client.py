@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.bundle import open_bundle
+from runtime.client.bundle import open_bundle
 
 NAME = "flashnpc-client"
 # never needed by the client; excluding them keeps the build small and fast and proves it
@@ -26,8 +26,7 @@ EXCLUDES = ("torch", "torchvision", "onnx", "onnxscript", "matplotlib", "scipy",
             "IPython", "tkinter", "PIL", "pytest", "hypothesis", "yaml", "tqdm", "rich", "requests",
             "urllib3", "charset_normalizer", "onnxruntime.tools", "onnxruntime.quantization",
             "onnxruntime.transformers", "onnxruntime.training",
-            "runtime.train", "runtime.train_cli", "runtime.model", "runtime.export", "runtime.quant",
-            "runtime.linebook", "runtime.evaluate", "runtime.eval_cli", "runtime.batch_generate",
+            "runtime.factory", "runtime.serving", "runtime.cli",  # the client engine is runtime.client
             "mobile_export.bundle", "mobile_export.client", "mobile_export.verify")
 BUILD_TIMEOUT_S = 900
 

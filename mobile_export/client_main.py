@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lines", type=int, default=6, help="how many archetype/state pairs to show")
     args = parser.parse_args(argv)
 
-    from runtime.generator import LineGenerator, ModelLoadError
+    from runtime.client.generator import LineGenerator, ModelLoadError
 
     path = args.bundle if args.bundle is not None else packaged_bundle()
     try:

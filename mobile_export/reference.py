@@ -1,6 +1,6 @@
 """Reference generations: one seeded line per archetype and state, as token ids.
 
-The exporter records them from the Python runtime (:class:`runtime.onnx_model.FlashOnnx` on
+The exporter records them from the Python runtime (:class:`runtime.client.onnx_model.FlashOnnx` on
 the source INT4 model) in the bundle's ``reference.json``; ``flashnpc bundle verify``
 regenerates them from the bundle's ORT model in a fresh process and compares. Imports only
 the runtime's onnxruntime decoder (no torch, no training code).
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from runtime.onnx_model import FlashOnnx
+    from runtime.client.onnx_model import FlashOnnx
 
 SEED = 20261130
 INTENT = "approach"

@@ -3,7 +3,7 @@
 :func:`verify_bundle` checks, and reports each check:
 
 1. the manifest: schema, format version (a newer one is refused), paths (no absolute path, no
-   ``..``), and every listed file's presence, size and SHA-256 (:func:`runtime.bundle.open_bundle`);
+   ``..``), and every listed file's presence, size and SHA-256 (:func:`runtime.client.bundle.open_bundle`);
 2. the size budget (8 MB);
 3. in a fresh Python process that cannot import torch, onnx or the training code
    (:mod:`mobile_export.verify_worker`): the ORT model loads with onnxruntime and one line per
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runtime.bundle import BundleError, open_bundle
+from runtime.client.bundle import BundleError, open_bundle
 
 WORKER_TIMEOUT_S = 600
 
@@ -92,7 +92,7 @@ def verify_bundle(path: str | Path, *, reference_dir: str | Path | None = None,
 def _fresh_reference(model_dir: Path, bundle: Any, tmp: Path) -> Path:
     """The Python runtime's lines now, from ``model_dir``'s INT4 ONNX model, same settings."""
     from mobile_export.reference import generate_cases
-    from runtime.onnx_model import FlashOnnx
+    from runtime.client.onnx_model import FlashOnnx
 
     recorded = json.loads((bundle.root / "reference.json").read_text(encoding="utf-8"))
     settings = recorded["settings"]

@@ -2,7 +2,7 @@
 
 Run as ``python -m mobile_export.verify_worker BUNDLE REFERENCE_JSON``. Before importing
 anything else it makes torch, onnx and the training/export code unimportable, then loads the
-bundle through the runtime (:meth:`runtime.onnx_model.FlashOnnx.load`), generates one line per
+bundle through the runtime (:meth:`runtime.client.onnx_model.FlashOnnx.load`), generates one line per
 archetype and state with the reference's seeds and settings, and prints one JSON object:
 ``{"ok", "cases", "mismatches", "onnxruntime", "forbidden_loaded", "load_ms", "generate_ms"}``.
 Exit status 0 when every case's tokens match, 1 otherwise.
@@ -13,8 +13,7 @@ from __future__ import annotations
 import importlib.abc
 import sys
 
-FORBIDDEN = ("torch", "onnx", "onnxscript", "runtime.train", "runtime.train_cli", "runtime.model",
-             "runtime.export", "runtime.quant", "runtime.linebook")
+FORBIDDEN = ("torch", "onnx", "onnxscript", "runtime.factory", "runtime.serving", "runtime.cli")
 
 
 class _Forbid(importlib.abc.MetaPathFinder):
@@ -35,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     import onnxruntime as ort
 
     from mobile_export.reference import compare_cases, generate_cases
-    from runtime.onnx_model import FlashOnnx
+    from runtime.client.onnx_model import FlashOnnx
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
@@ -64,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         result["error"] = f"{type(exc).__name__}: {exc}"
         result["mismatches"] = []
     result["forbidden_loaded"] = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "onnx")
-                                        or m in FORBIDDEN)
+                                        or any(m == name or m.startswith(name + ".") for name in FORBIDDEN))
     result["ok"] = "error" not in result and not result["mismatches"] and not result["forbidden_loaded"]
     print(json.dumps(result))
     return 0 if result["ok"] else 1

@@ -16,8 +16,10 @@ Each frame ``update`` advances game time, ticks the trees that are due (per-tree
 phase, sleeping trees skipped: :class:`behavior_tree.TreeScheduler`), finds players entering
 an NPC's approach radius (:class:`plugin.spatial.SpatialHash`), sends line requests to the
 engine (:meth:`runtime.LineGenerator.submit`, or ``generate_stream`` in a worker thread when
-streaming) and returns the events that became ready. See docs/plugin.md for the blackboard
-keys, the stale-line policy and deterministic mode.
+streaming) and returns the events that became ready. This module holds the NPC and player
+registry, the game-script API, proximity and the mapping of blackboards to prompts; the
+requests in flight and the stale-line policy are :mod:`plugin.speech`'s. See docs/plugin.md
+for the blackboard keys, the stale-line policy and deterministic mode.
 
 In client mode (``World(mode="client")`` or :meth:`World.set_remote`) NPCs are remote: their
 trees never tick here and :meth:`World.apply_remote_state` writes their state as a server
@@ -31,10 +33,9 @@ import math
 import random
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from behavior_tree import (
     Blackboard,
@@ -47,8 +48,12 @@ from behavior_tree import (
 )
 
 from .errors import WorldError
-from .events import Event, Line, LineDropped, LinePiece, StateChanged
+from .events import Event, Line, StateChanged
 from .spatial import SpatialHash
+from .speech import Speech
+
+if TYPE_CHECKING:
+    from .speech import _Request
 
 __all__ = ["DEFAULT_STATE_MAP", "NPC", "WORLD_KEYS", "Player", "World"]
 
@@ -135,29 +140,6 @@ class Player:
     reputation: str = "unknown"
 
 
-@dataclass(eq=False)
-class _Request:
-    id: int
-    npc: NPC
-    player: Player | None
-    intent: str
-    kind: str  # "approach" or "talk"
-    regenerated: int = 0
-    tick0: int = -1  # the NPC tree's tick count when queued: wait for one more tick
-    queued_at: float = 0.0
-
-
-@dataclass(eq=False)
-class _Flight:
-    request: _Request
-    state: str
-    version: int
-    future: Future[Any]
-    pieces: deque[str] = field(default_factory=deque)
-    shown: str = ""
-    stale: bool = False
-
-
 class World:
     """NPCs, players and the line engine, advanced by :meth:`update` once per frame.
 
@@ -209,7 +191,7 @@ class World:
             _check_positive("World", "deadline_ms", deadline_ms)
         self._owns_generator = generator is None
         if generator is None:
-            from runtime.generator import LineGenerator
+            from runtime import LineGenerator
 
             generator = LineGenerator.load()
         self.generator = generator
@@ -251,19 +233,14 @@ class World:
         self._max_radius = self.approach_radius
         self._definitions: dict[str, TreeDefinition] = {}
         self._npc_of_tree: dict[Tree, NPC] = {}
-        self._queue: deque[_Request] = deque()
-        self._flights: list[_Flight] = []
         self._events: list[Event] = []
         self._callbacks: list[tuple[type, Callable[[Any], Any]]] = []
-        self._next_request = 0
-        self._executor: ThreadPoolExecutor | None = None
         self.counters: dict[str, int] = {
             "lines": 0, "fallbacks": 0, "requests": 0, "regenerated": 0, "dropped_stale": 0,
             "dropped_superseded": 0, "dropped_out_of_range": 0, "dropped_error": 0,
             "callback_errors": 0, "state_changes": 0, "remote_updates": 0,
         }
-        self._latencies: deque[float] = deque(maxlen=4096)
-        self._cache_hits = 0
+        self.speech = Speech(self)  # line requests queued and in flight; the stale-line policy
         self._near_npcs: dict[Any, None] = {}  # NPCs with a player in range last frame
 
     # ------------------------------------------------------------------ clock
@@ -419,10 +396,7 @@ class World:
             npc.tree.halt()
         except Exception:  # a user halt callback; the NPC is gone either way
             log.exception("halting the tree of removed NPC %r raised", npc_id)
-        self._queue = deque(r for r in self._queue if r.npc is not npc)
-        for f in self._flights:
-            if f.request.npc is npc:
-                f.stale = True
+        self.speech.forget_npc(npc)
 
     def move_npc(self, npc_id: Any, position: Sequence[float]) -> None:
         npc = self._npc("move_npc", npc_id)
@@ -460,10 +434,7 @@ class World:
             npc.last_tick = self.time
             self.scheduler.add(npc.tree, rate_hz=npc.rate_hz, start=self.time)
         npc.remote = remote
-        progress = self._progress(npc)
-        for req in self._queue:  # queued requests now wait on the other kind of progress
-            if req.npc is npc and req.tick0 != -1:
-                req.tick0 = progress
+        self.speech.restart_waits(npc)
 
     def apply_remote_state(self, npc_id: Any, key: str, value: Any) -> None:
         """Write blackboard ``key`` of remote NPC ``npc_id`` as the server says.
@@ -552,10 +523,7 @@ class World:
             if player_id in npc.near:
                 del npc.near[player_id]
                 self._write_near(npc)
-        self._queue = deque(r for r in self._queue if r.player is not player)
-        for f in self._flights:
-            if f.request.player is player:
-                f.stale = True
+        self.speech.forget_player(player)
 
     # ------------------------------------------------------------------ world context
 
@@ -597,25 +565,10 @@ class World:
         player = self._player(where, player_id)
         if intent not in self.catalog["intents"]:
             raise WorldError(f"{where}: unknown intent {intent!r}; known: {', '.join(self.catalog['intents'])}")
-        for f in self._flights:
-            if f.request.npc is npc and not f.stale and f.request.kind == "approach":
-                f.stale = True
-                self.counters["dropped_superseded"] += 1
-                self._drop(f.request, "superseded")
-        self._queue = deque(r for r in self._queue if not (r.npc is npc and r.kind == "approach"))
+        self.speech.supersede(npc)
         npc.cooldown_until = self.time + npc.speech_cooldown
         npc.blackboard.set("last_intent", intent)
-        req = self._new_request(npc, player, intent, "talk")
-        self._queue.append(req)
-        return req.id
-
-    def _new_request(self, npc: NPC, player: Player | None, intent: str, kind: str,
-                     regenerated: int = 0, request_id: int | None = None) -> _Request:
-        if request_id is None:
-            self._next_request += 1
-            request_id = self._next_request
-        tick0 = -1 if regenerated else self._progress(npc)
-        return _Request(request_id, npc, player, intent, kind, regenerated, tick0, self.time)
+        return self.speech.request(npc, player, intent, "talk")
 
     # ------------------------------------------------------------------ callbacks
 
@@ -655,10 +608,10 @@ class World:
         self.frame += 1
         self._proximity()
         self.scheduler.update(self.time)
-        self._collect()  # first, so that finished lines free their slots for this frame's sends
-        self._send()
+        self.speech.collect()  # first, so that finished lines free their slots for this frame's sends
+        self.speech.send()
         if self.deterministic:
-            self._collect()  # lines generated just now, synchronously
+            self.speech.collect()  # lines generated just now, synchronously
         events, self._events = self._events, []
         if self._callbacks:
             for event in events:
@@ -672,14 +625,15 @@ class World:
         from concurrent.futures import wait
 
         events: list[Event] = []
-        while self._queue or self._flights:
-            self._send(force=True)
-            pending = [f.future for f in self._flights if not f.future.done()]
+        speech = self.speech
+        while speech.pending():
+            speech.send(force=True)
+            pending = [f.future for f in speech.flights if not f.future.done()]
             if pending:
                 done, _ = wait(pending, timeout=timeout)
                 if not done:
                     break
-            self._collect()
+            speech.collect()
             batch, self._events = self._events, []
             for event in batch:
                 self._dispatch(event)
@@ -740,14 +694,12 @@ class World:
     def _approach(self, npc: NPC, player: Player) -> None:
         if not self.approach_barks or npc.cooldown_until > self.time:
             return
-        if any(f.request.npc is npc and not f.stale for f in self._flights):
-            return
-        if any(r.npc is npc for r in self._queue):
+        if self.speech.speaking(npc):
             return
         if npc.blackboard.get("silent", False) is True:
             return
         npc.cooldown_until = self.time + npc.speech_cooldown
-        self._queue.append(self._new_request(npc, player, "approach", "approach"))
+        self.speech.request(npc, player, "approach", "approach")
 
     # ------------------------------------------------------------------ prompts
 
@@ -797,133 +749,6 @@ class World:
             kwargs["deadline_ms"] = self.deadline_ms
         return kwargs
 
-    # ------------------------------------------------------------------ requests in flight
-
-    def _active(self) -> int:
-        return sum(1 for f in self._flights if not f.stale)
-
-    def _send(self, force: bool = False) -> None:
-        """Send queued requests, oldest first, while fewer than ``max_in_flight`` are active.
-
-        A request waits until the NPC's tree has ticked once since it was queued (so the line
-        reflects how the tree reacted to the player arriving or to the intent), unless the tree
-        sleeps on (it did not read what changed) or two tick periods have passed.
-        """
-        if not self._queue:
-            return
-        waiting: deque[_Request] = deque()
-        queue = self._queue
-        while queue:
-            req = queue.popleft()
-            npc = req.npc
-            if npc.id not in self.npcs or (req.player is not None and req.player.id not in self.players):
-                continue
-            if req.kind == "approach" and req.player is not None and req.player.id not in npc.near:
-                self.counters["dropped_out_of_range"] += 1
-                self._drop(req, "out_of_range")
-                continue
-            if (self._active() >= self.max_in_flight or (
-                    not force and self._progress(npc) == req.tick0
-                    and (npc.remote or not npc.tree.asleep)
-                    and self.time - req.queued_at < 2.0 / npc.rate_hz - 1e-9)):
-                waiting.append(req)
-                continue
-            self._start(req)
-        self._queue = waiting
-
-    def _start(self, req: _Request) -> None:
-        npc = req.npc
-        state = self._state_of(npc)
-        kwargs = self._prompt(req)
-        self.counters["requests"] += 1
-        gen = self.generator
-        flight = _Flight(req, state, npc.state_version, Future())
-        if self.deterministic:
-            try:
-                if self.stream:
-                    stream = gen.generate_stream(npc.archetype, state, **kwargs)
-                    for piece in stream:
-                        flight.shown += piece
-                        self._events.append(LinePiece(npc.id, kwargs["player_id"], req.id, piece,
-                                                      flight.shown, self.time))
-                    flight.future.set_result(stream.line)
-                else:
-                    flight.future.set_result(gen.generate(npc.archetype, state, **kwargs))
-            except Exception as exc:
-                flight.future.set_exception(exc)
-        elif self.stream:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(1, thread_name_prefix="flashnpc-world-stream")
-            flight.future = self._executor.submit(self._stream_job, flight, npc.archetype, state, kwargs)
-        else:
-            try:
-                flight.future = gen.submit(npc.archetype, state, **kwargs)
-            except Exception as exc:  # e.g. a slot value the engine refuses: an error line, not a crash
-                flight.future.set_exception(exc)
-        self._flights.append(flight)
-
-    def _stream_job(self, flight: _Flight, archetype: str, state: str, kwargs: dict[str, Any]) -> Any:
-        stream = self.generator.generate_stream(archetype, state, **kwargs)
-        for piece in stream:
-            if flight.stale:
-                break  # nobody will see the rest; free the worker for the regenerated line
-            flight.pieces.append(piece)
-        return stream.line
-
-    def _collect(self) -> None:
-        if not self.deterministic and not self.stream and self._flights:
-            self.generator.poll()  # answers requests past their deadline with a fallback line
-        keep: list[_Flight] = []
-        for f in self._flights:
-            req = f.request
-            if not f.stale:
-                while f.pieces:
-                    piece = f.pieces.popleft()
-                    f.shown += piece
-                    self._events.append(LinePiece(req.npc.id, self._pid(req), req.id, piece, f.shown,
-                                                  self.time))
-            if not f.future.done():
-                keep.append(f)
-                continue
-            if f.stale:
-                continue
-            try:
-                line = f.future.result()
-            except Exception:
-                log.exception("line request %d for NPC %r failed", req.id, req.npc.id)
-                self.counters["dropped_error"] += 1
-                self._drop(req, "error")
-                continue
-            if line is None:  # a stream abandoned by the engine
-                self.counters["dropped_error"] += 1
-                self._drop(req, "error")
-                continue
-            self._deliver(f, line)
-        self._flights = keep
-
-    @staticmethod
-    def _pid(req: _Request) -> Any:
-        return None if req.player is None else req.player.id
-
-    def _deliver(self, f: _Flight, line: Any) -> None:
-        req = f.request
-        event = Line(
-            npc_id=req.npc.id, player_id=self._pid(req), text=line.text, state=f.state,
-            latency_ms=line.latency_ms, fallback=line.fallback, intent=req.intent,
-            archetype=req.npc.archetype, request_id=req.id, ttft_ms=line.ttft_ms,
-            prefix_cache_hit=line.prefix_cache_hit, fallback_reason=line.fallback_reason,
-            regenerated=req.regenerated, time=self.time,
-        )
-        self.counters["lines"] += 1
-        self.counters["fallbacks"] += int(line.fallback)
-        self._cache_hits += int(line.prefix_cache_hit)
-        self._latencies.append(line.latency_ms)
-        self.recent_lines.append(event)
-        self._events.append(event)
-
-    def _drop(self, req: _Request, reason: str, regenerating: bool = False) -> None:
-        self._events.append(LineDropped(req.npc.id, self._pid(req), req.id, reason, regenerating, self.time))
-
     # ------------------------------------------------------------------ blackboard changes
 
     def _on_blackboard(self, npc: NPC, key: str, old: Any, new: Any) -> None:
@@ -934,53 +759,29 @@ class World:
         if key != self.state_key or self._model_state(old) == self._model_state(new):
             return
         npc.state_version += 1
-        for f in self._flights:
-            if f.request.npc is npc and not f.stale:
-                f.stale = True
-                self._regenerate_or_drop(f.request)
-
-    def _regenerate_or_drop(self, req: _Request) -> None:
-        """The stale-line policy: a dialogue turn (talk) is asked again in the new state, up to
-        ``max_regenerations`` times; an approach bark is asked again only while its player is
-        still within the NPC's radius; anything else is dropped."""
-        self.counters["dropped_stale"] += 1
-        again = req.regenerated < self.max_regenerations and (
-            req.kind == "talk" or (req.player is not None and req.player.id in req.npc.near))
-        self._drop(req, "stale", regenerating=again)
-        if again:
-            self.counters["regenerated"] += 1
-            self._queue.appendleft(self._new_request(req.npc, req.player, req.intent, req.kind,
-                                                     req.regenerated + 1, request_id=req.id))
+        self.speech.state_changed(npc)
 
     # ------------------------------------------------------------------ inspection
 
     def stats(self) -> dict[str, Any]:
         """World counters plus line latency percentiles (ms) and the prefix-cache hit rate of
         delivered lines."""
-        lat = sorted(self._latencies)
-
-        def pct(q: float) -> float | None:
-            if not lat:
-                return None
-            return lat[min(len(lat) - 1, max(0, math.ceil(q / 100 * len(lat)) - 1))]
-
+        speech = self.speech
         lines = self.counters["lines"]
         return {
             **self.counters,
             "npcs": len(self.npcs), "players": len(self.players), "time": self.time,
             "remote_npcs": sum(1 for n in self.npcs.values() if n.remote),
-            "frame": self.frame, "in_flight": self._active(), "queued": len(self._queue),
+            "frame": self.frame, "in_flight": speech.active(), "queued": len(speech.queue),
             "tree_ticks": self.scheduler.ticks, "trees_sleeping": self.scheduler.sleeping,
-            "latency_ms_p50": pct(50), "latency_ms_p99": pct(99),
-            "prefix_cache_hit_rate": (self._cache_hits / lines) if lines else None,
+            "latency_ms_p50": speech.latency_ms(50), "latency_ms_p99": speech.latency_ms(99),
+            "prefix_cache_hit_rate": (speech.cache_hits / lines) if lines else None,
         }
 
     def close(self) -> None:
         """Stop the streaming worker (if any), and the generator if the world loaded it (one
         passed in is left open: it may be shared)."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
+        self.speech.close()
         if self._owns_generator:
             self.generator.close()
 

@@ -1,4 +1,13 @@
-"""FlashNPC runtime: line book, tokenizer, the Flash model, training, export and engines.
+"""FlashNPC runtime: the line engine, in three subpackages by who runs the code.
+
+* :mod:`runtime.client` - the client engine a game ships (:class:`LineGenerator`; onnxruntime
+  and numpy only);
+* :mod:`runtime.serving` - the servers' batched engines and dialogue service (PyTorch or
+  onnxruntime);
+* :mod:`runtime.factory` - the model factory: line book, model, training, quantisation, export,
+  evaluation (torch, onnx, PyYAML);
+* shared by all three: :mod:`runtime.tokenizer` and :mod:`runtime.paths`; the commands
+  ``flashnpc train | eval | export`` (onnx) are in :mod:`runtime.cli`.
 
 ``from runtime import LineGenerator`` is resolved lazily, so ``import runtime`` stays cheap
 (onnxruntime and numpy load on first use of the engine).
@@ -9,21 +18,27 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 _LAZY = {
-    "LineGenerator": "runtime.generator",
-    "Line": "runtime.generator",
-    "LineRequest": "runtime.generator",
-    "LineStream": "runtime.generator",
-    "ModelLoadError": "runtime.generator",
-    "PrefixCache": "runtime.prefix_cache",
-    "FallbackBook": "runtime.fallback",
-    "EngineMetrics": "runtime.metrics",
+    "LineGenerator": "runtime.client.generator",
+    "Line": "runtime.client.generator",
+    "LineRequest": "runtime.client.generator",
+    "LineStream": "runtime.client.generator",
+    "ModelLoadError": "runtime.client.generator",
+    "PrefixCache": "runtime.client.prefix_cache",
+    "FallbackBook": "runtime.client.fallback",
+    "EngineMetrics": "runtime.client.metrics",
 }
 
 if TYPE_CHECKING:
-    from runtime.fallback import FallbackBook
-    from runtime.generator import Line, LineGenerator, LineRequest, LineStream, ModelLoadError
-    from runtime.metrics import EngineMetrics
-    from runtime.prefix_cache import PrefixCache
+    from runtime.client.fallback import FallbackBook
+    from runtime.client.generator import (
+        Line,
+        LineGenerator,
+        LineRequest,
+        LineStream,
+        ModelLoadError,
+    )
+    from runtime.client.metrics import EngineMetrics
+    from runtime.client.prefix_cache import PrefixCache
 
 
 def __getattr__(name: str) -> Any:

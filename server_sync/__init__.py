@@ -1,13 +1,20 @@
-"""FlashNPC server_sync: authoritative world server, protocol and clients.
+"""FlashNPC server_sync: the authoritative world server, the dialogue server, and their load tests.
 
-* :class:`SyncServer` / :class:`ServerConfig` - the asyncio server (``flashnpc serve``);
-* :class:`Client` - the asyncio client keeping a replica of the NPCs in range;
-* :class:`SyncCore`, :class:`Replica` and :mod:`server_sync.protocol` - the sans-I/O core;
-* :class:`Store` - SQLite (WAL) snapshots plus journal;
-* :func:`issue_token` / :func:`verify_token` - HMAC-signed expiring tokens.
+One subpackage each (docs/server_sync.md, docs/protocol.md):
 
-Names are imported on first use, so ``flashnpc --help`` does not load websockets.
-See docs/server_sync.md and docs/protocol.md.
+* :mod:`server_sync.sync` - the sync server: the sans-I/O core (:class:`SyncCore`,
+  :class:`Replica`, :mod:`server_sync.sync.protocol`), :class:`SyncServer` /
+  :class:`ServerConfig` (``flashnpc serve``), the asyncio :class:`Client`, :class:`Store`
+  (SQLite snapshots plus journal), interest management and the world adapters;
+* :mod:`server_sync.dialogue` - the dialogue server (``flashnpc serve --dialogue``) and its protocol;
+* :mod:`server_sync.transport` - what both servers share: the connection gate, the WebSocket
+  I/O, the wire format (:mod:`server_sync.transport.wire`), :func:`issue_token` /
+  :func:`verify_token` (HMAC-signed expiring tokens), the HTTP side port, the event loop and
+  the GC policy;
+* :mod:`server_sync.loadtest` - the load tests (``flashnpc loadtest sync | dialogue``).
+
+The commands are :mod:`server_sync.cli`'s. Names are imported on first use, so
+``flashnpc --help`` does not load websockets.
 """
 
 from __future__ import annotations
@@ -16,14 +23,14 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "issue_token": "auth", "verify_token": "auth",
-    "Client": "client", "FatalServerError": "client",
-    "Session": "core", "SyncCore": "core",
-    "Store": "persistence",
-    "PROTOCOL_VERSION": "protocol", "ProtocolError": "protocol",
-    "Change": "replica", "GapError": "replica", "Replica": "replica",
-    "ServerConfig": "server", "SyncServer": "server",
-    "SyncWorld": "world", "TreeWorld": "world", "sim_world": "world",
+    "issue_token": "transport.auth", "verify_token": "transport.auth",
+    "PROTOCOL_VERSION": "transport.wire", "ProtocolError": "transport.wire",
+    "Client": "sync.client", "FatalServerError": "sync.client",
+    "Session": "sync.core", "SyncCore": "sync.core",
+    "Store": "sync.persistence",
+    "Change": "sync.replica", "GapError": "sync.replica", "Replica": "sync.replica",
+    "ServerConfig": "sync.server", "SyncServer": "sync.server",
+    "SyncWorld": "sync.world", "TreeWorld": "sync.world", "sim_world": "sync.world",
 }
 
 __all__ = sorted(_EXPORTS)

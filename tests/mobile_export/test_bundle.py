@@ -18,8 +18,8 @@ import pytest
 from mobile_export.bundle import BundleExportError, ExportedBundle, export_bundle
 from mobile_export.verify import verify_bundle
 from plugin.cli import main
-from runtime.bundle import BUNDLE_VERSION, BundleError, open_bundle, sha256_file
-from runtime.onnx_model import FlashOnnx
+from runtime.client.bundle import BUNDLE_VERSION, BundleError, open_bundle, sha256_file
+from runtime.client.onnx_model import FlashOnnx
 from runtime.paths import DEFAULT_MODEL_DIR
 
 
@@ -95,7 +95,7 @@ def test_manifest_describes_files_tensors_tokenizer_and_operators(bundle_dir, mo
     assert m["onnxruntime"]["built_with"] == ort.__version__
     import inspect
 
-    from runtime.generator import LineGenerator
+    from runtime.client.generator import LineGenerator
     engine = inspect.signature(LineGenerator.__init__).parameters
     assert {k: m["sampling"][k] for k in ("temperature", "top_p", "top_k")} == \
         {k: engine[k].default for k in ("temperature", "top_p", "top_k")}
@@ -203,7 +203,7 @@ def test_bundle_generation_equals_model_directory_generation(bundle_dir, bundle_
 
 
 def test_line_generator_on_a_bundle_gives_the_model_directory_lines(bundle_zip, model_dir):
-    from runtime.generator import LineGenerator
+    from runtime.client.generator import LineGenerator
 
     a = LineGenerator.load(bundle_zip.path, warmup=False)
     b = LineGenerator.load(model_dir, warmup=False)
@@ -227,7 +227,7 @@ def test_a_bundle_opens_with_the_ort_format_session_options(bundle_dir):
 
 
 def test_the_runtime_loads_a_bundle_without_torch_or_mobile_export(bundle_zip):
-    code = ("import sys; from runtime.onnx_model import FlashOnnx; FlashOnnx.load(sys.argv[1]);"
+    code = ("import sys; from runtime.client.onnx_model import FlashOnnx; FlashOnnx.load(sys.argv[1]);"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'onnx', 'mobile_export')))")
     out = subprocess.run([sys.executable, "-c", code, str(bundle_zip.path)], capture_output=True,
                          text=True, check=True)
@@ -282,7 +282,7 @@ def test_the_onnx_export_form_still_needs_no_positional_argument(capsys):
 
 
 def test_resolve_model_path_maps_bundles_to_their_verified_model(bundle_dir, bundle_zip, model_dir, tmp_path):
-    from runtime.bundle import resolve_model_path
+    from runtime.client.bundle import resolve_model_path
 
     assert resolve_model_path(model_dir, "model.int4.onnx") == (model_dir, "model.int4.onnx")
     assert resolve_model_path(bundle_dir.path, "model.int4.onnx") == (bundle_dir.path, "model.ort")
@@ -296,7 +296,7 @@ def test_resolve_model_path_maps_bundles_to_their_verified_model(bundle_dir, bun
 
 
 def test_a_tampered_zip_is_rejected_and_its_extraction_removed(bundle_zip, tmp_path):
-    import runtime.bundle
+    import runtime.client.bundle
 
     tampered = tmp_path / "tampered.zip"
     with zipfile.ZipFile(bundle_zip.path) as src, zipfile.ZipFile(tampered, "w") as dst:
@@ -305,10 +305,10 @@ def test_a_tampered_zip_is_rejected_and_its_extraction_removed(bundle_zip, tmp_p
             if info.filename == "model.ort":
                 data = data[:100] + bytes([data[100] ^ 1]) + data[101:]
             dst.writestr(info, data)
-    before = list(runtime.bundle._EXTRACTED)
+    before = list(runtime.client.bundle._EXTRACTED)
     with pytest.raises(BundleError, match=r"tampered\.zip: bundle rejected: model\.ort: sha256 differs"):
         open_bundle(tampered)
-    assert before == runtime.bundle._EXTRACTED
+    assert before == runtime.client.bundle._EXTRACTED
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ def plugin_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def generator(plugin_model_dir: Path) -> Iterator[Any]:
-    from runtime.generator import LineGenerator
+    from runtime.client.generator import LineGenerator
 
     gen = LineGenerator.load(plugin_model_dir)
     yield gen

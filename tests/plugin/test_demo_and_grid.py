@@ -77,7 +77,7 @@ def test_grid_remove_and_bad_cell_size() -> None:
 def test_village_trees_run_a_day_and_night_without_errors(generator: object) -> None:
     import io
 
-    from plugin.demo_cli import run_village
+    from plugin.demo import run_village
 
     result = run_village(generator, seed=1, npcs=10, duration=40.0, out=io.StringIO())
     world = result["world"]

@@ -92,7 +92,7 @@ async def test_page_renders_in_headless_chromium(village: World, tmp_path: Path)
 async def test_flashnpc_inspect_serves_a_village_that_runs_in_real_time(generator: Any) -> None:
     import aiohttp
 
-    from plugin.inspect_cli import start_village
+    from plugin.demo import start_village
 
     live = await start_village(generator, npcs=3, day=20.0, fps=60.0)
     try:

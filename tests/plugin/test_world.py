@@ -282,8 +282,8 @@ def test_unsubscribe_stops_callbacks(generator: Any) -> None:
 def transcript(model_dir: Any, seed: int) -> list[tuple[Any, ...]]:
     import io
 
-    from plugin.demo_cli import run_village
-    from runtime.generator import LineGenerator
+    from plugin.demo import run_village
+    from runtime.client.generator import LineGenerator
 
     with LineGenerator.load(model_dir) as gen:
         result = run_village(gen, seed=seed, npcs=4, duration=40.0, out=io.StringIO())

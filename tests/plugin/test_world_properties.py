@@ -33,7 +33,7 @@ MOODY = """
 
 @pytest.fixture(scope="module")
 def shared_generator(plugin_model_dir: Any) -> Any:
-    from runtime.generator import LineGenerator
+    from runtime.client.generator import LineGenerator
 
     with LineGenerator.load(plugin_model_dir) as gen:
         yield gen

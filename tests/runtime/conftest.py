@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime.test_export_fixtures import tiny_config, tiny_model
+from tests.runtime.factory.test_export_fixtures import tiny_config, tiny_model
 
 
 def build_tiny_model_dir(root: Path, *, seed: int = 0, vocab_size: int = 512, block_size: int = 64) -> Path:
     """Export a seeded random tiny model with a line-book tokenizer to ``root/flash``."""
     import torch
 
-    from runtime.export import export_checkpoint
-    from runtime.linebook import load_line_book
+    from runtime.factory.export import export_checkpoint
+    from runtime.factory.linebook import load_line_book
     from runtime.tokenizer import train_tokenizer
 
     book = load_line_book()
@@ -48,7 +48,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def shipped_fast_report() -> dict:
     """``evaluate(cfg=EvalConfig.fast())`` on the shipped model, run once for every test that reads it."""
-    from runtime.evaluate import EvalConfig, evaluate
+    from runtime.factory.evaluate import EvalConfig, evaluate
 
     return evaluate(cfg=EvalConfig.fast())
 

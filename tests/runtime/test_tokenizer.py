@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.linebook import LineBook, load_line_book
+from runtime.factory.linebook import LineBook, load_line_book
 from runtime.tokenizer import (
     MAX_VOCAB,
     Tokenizer,

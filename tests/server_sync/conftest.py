@@ -6,7 +6,7 @@ import time
 import pytest
 
 from server_sync import ServerConfig, SyncServer, issue_token
-from server_sync.world import sim_world
+from server_sync.sync.world import sim_world
 
 SECRET = b"test-secret-0123456789"
 

@@ -1,0 +1,319 @@
+"""The runtime's commands: ``flashnpc train``, ``flashnpc eval`` and ``flashnpc export [onnx]``.
+
+``flashnpc train``: train the Flash line model on a line book.
+
+    flashnpc train --out runs/flash                 # default model, ~25 min on a 2-core CPU
+    flashnpc train --out runs/flash --resume        # continue from runs/flash/model.pt
+    flashnpc train --out /tmp/t --tiny              # tiny model, a couple of minutes, for smoke tests
+    flashnpc train --out runs/x --config '{"n_expert": 8, "steps": 2000}'
+
+``--config`` takes a JSON object (inline or a file path) of FlashConfig and/or
+TrainConfig fields. The tokenizer is trained on the training split's lines unless
+DIR already holds a tokenizer.json.
+
+``flashnpc eval [--model DIR] --json OUT [--fast]``, and the blind-rating kit:
+
+    flashnpc eval blind --model DIR --model-lines N --book-lines M --seed S --out FILE.csv
+    flashnpc eval unblind FILE.csv [--json OUT]
+
+``flashnpc export [--model CKPT] [--out DIR] [--accuracy-level 0|4]`` (or ``export onnx``):
+checkpoint -> model directory. Writes ``model.onnx`` (fp32 reference), ``model.int4.onnx``
+(shipped: INT4, truly sparse experts), copies tokenizer.json / config.json / catalog.json (and
+fallbacks.json, or builds it from the default line book), and writes ``export.json``. The
+``export`` command and its mobile and client forms are :mod:`mobile_export.cli`'s; it calls
+:func:`add_export_onnx_arguments` and :func:`run_export_onnx` for this one.
+
+Everything heavy (torch, the model factory) is imported inside the commands, so the
+``flashnpc`` dispatcher can build its parser without them.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Spinning OpenMP workers lose badly on a shared, oversubscribed CPU (measured 2-10x
+# slower steps); passive waiting costs little when the machine is idle. Must be set
+# before torch is imported.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # torch is an extra: `flashnpc` must start without it
+    from runtime.factory.model import FlashConfig
+    from runtime.factory.train import TrainConfig
+
+__all__ = ["DEFAULT_CHECKPOINT", "add_eval_arguments", "add_export_onnx_arguments", "add_train_arguments",
+           "run_eval", "run_export_onnx", "run_train"]
+
+# `flashnpc export`'s default checkpoint: what `flashnpc train --out runs/flash` writes
+DEFAULT_CHECKPOINT = Path("runs/flash")
+
+# --------------------------------------------------------------------------- flashnpc train
+
+# Small enough to train in a couple of minutes on the CPU; used by --tiny and tests.
+TINY_MODEL = dict(vocab_size=512, block_size=96, n_layer=2, n_head=2, n_embd=64, n_expert=8,
+                  expert_hidden=64, top_k=1)
+TINY_TRAIN = dict(steps=200, batch_size=16, lr=3e-3, min_lr=3e-4, warmup_steps=20,
+                  eval_interval=50, eval_examples=128, checkpoint_interval=50)
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--line-book", metavar="PATH", default=None,
+                        help="line book directory or file (default: the shipped book)")
+    parser.add_argument("--config", metavar="JSON", default=None,
+                        help="JSON object (inline or a file path) of model/training settings")
+    parser.add_argument("--out", metavar="DIR", required=True, help="checkpoint directory")
+    parser.add_argument("--steps", type=int, default=None, metavar="N", help="optimiser steps (default 3000)")
+    parser.add_argument("--batch-size", type=int, default=None, metavar="N", help="examples per step (default 32)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                        help="default: cuda when available, else cpu")
+    parser.add_argument("--resume", action="store_true", help="continue from DIR/model.pt if present")
+    parser.add_argument("--seed", type=int, default=None, metavar="N", help="seed for init and data order (default 0)")
+    parser.add_argument("--tiny", action="store_true", help="tiny model and schedule, for smoke tests")
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="CPU threads for torch (default: all cores, at most 8)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def load_overrides(value: str | None) -> dict[str, Any]:
+    """Parse --config: an inline JSON object or the path of a JSON file holding one."""
+    if value is None:
+        return {}
+    text = value
+    if not value.lstrip().startswith("{"):
+        path = Path(value)
+        if not path.is_file():
+            raise ValueError(f"--config: {value!r} is neither a JSON object nor an existing file")
+        text = path.read_text()
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--config: invalid JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise ValueError(f"--config: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def build_configs(args: argparse.Namespace) -> tuple[FlashConfig, TrainConfig]:
+    from runtime.factory.model import FlashConfig
+    from runtime.factory.train import TrainConfig, split_overrides
+
+    model_kw: dict[str, Any] = dict(TINY_MODEL) if args.tiny else {}
+    train_kw: dict[str, Any] = dict(TINY_TRAIN) if args.tiny else {}
+    user_model, user_train = split_overrides(load_overrides(args.config))
+    model_kw.update(user_model)
+    train_kw.update(user_train)
+    for key, value in (("steps", args.steps), ("batch_size", args.batch_size), ("seed", args.seed)):
+        if value is not None:
+            train_kw[key] = value
+    return FlashConfig(**model_kw), TrainConfig(**train_kw)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    try:
+        import torch
+    except ModuleNotFoundError:
+        print("flashnpc train: error: training needs torch: "
+              "pip install torch==2.13.0 && pip install -e '.[train]'", file=sys.stderr)
+        return 2
+    from runtime.factory.train import train
+
+    try:
+        model_cfg, train_cfg = build_configs(args)
+    except (ValueError, TypeError) as exc:
+        print(f"flashnpc train: error: {exc}", file=sys.stderr)
+        return 2
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        print("flashnpc train: error: --device cuda but no CUDA GPU is available", file=sys.stderr)
+        return 2
+    if device == "cpu":
+        torch.set_num_threads(args.threads or min(os.cpu_count() or 1, 8))
+
+    from runtime.factory.linebook import LineBookError, load_line_book
+    from runtime.tokenizer import Tokenizer, train_tokenizer
+
+    try:
+        book = load_line_book(args.line_book)
+    except (LineBookError, FileNotFoundError) as exc:
+        print(f"flashnpc train: error: {exc}", file=sys.stderr)
+        return 2
+    split = book.split()
+    out = Path(args.out)
+    tok_path = out / "tokenizer.json"
+    if tok_path.exists():
+        tokenizer = Tokenizer.load(tok_path)
+        print(f"tokenizer: loaded {tok_path} (vocab {tokenizer.vocab_size})")
+    else:
+        tokenizer = train_tokenizer([ex.text for ex in split.train], book.catalog(),
+                                    vocab_size=model_cfg.vocab_size)
+        print(f"tokenizer: trained on {len(split.train)} training lines (vocab {tokenizer.vocab_size})")
+
+    resume = args.resume and (out / "model.pt").exists()
+    if args.resume and not resume:
+        print(f"no checkpoint in {out}; starting fresh")
+    # on resume the saved schedule is kept unless settings were given on the command line
+    train_config = None if resume and not _train_settings_given(args) else train_cfg
+    try:
+        log = train(out, train_examples=split.train, val_examples=split.val, tokenizer=tokenizer,
+                    catalog=book.catalog(), model_config=model_cfg, train_config=train_config,
+                    device=device, resume=resume, progress=not args.quiet)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; checkpoint saved in {out}, continue with --resume", file=sys.stderr)
+        return 130
+    counts = log["num_params"]
+    final = log["final"]
+    print(
+        f"done: step {final['step']}, params {counts['total']:,} total / "
+        f"{counts['active_per_token']:,} active per token; val CE fp32 {final['val_ce_fp32']:.3f}, "
+        f"int4 {final['val_ce_int4']:.3f}; {final['tokens_per_s_this_run']:.0f} tokens/s; wrote {out}"
+    )
+    return 0
+
+
+def _train_settings_given(args: argparse.Namespace) -> bool:
+    return any(v is not None for v in (args.steps, args.batch_size, args.seed, args.config)) or args.tiny
+
+
+# --------------------------------------------------------------------------- flashnpc eval
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=Path, default=None, help="exported model directory (default: shipped)")
+    parser.add_argument("--line-book", type=Path, default=None, help="line book (default: shipped)")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="where to write every figure (required without a subcommand)")
+    parser.add_argument("--fast", action="store_true", help="a small slice (seconds, for smoke checks)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    sub = parser.add_subparsers(dest="eval_command", metavar="{blind,unblind}")
+    # the subcommands share --model, --line-book, --seed, --json with plain `flashnpc eval`;
+    # SUPPRESS keeps a value given before the subcommand's name
+    blind = sub.add_parser("blind", help="write model and book lines, shuffled, for blind rating",
+                           description="Write N model lines and M book lines over the same prompt mix, "
+                                       "shuffled, to FILE.csv (id, prompt, line, rating) and the hidden "
+                                       "key to FILE.key.json.")
+    blind.add_argument("--model", type=Path, default=argparse.SUPPRESS, help="exported model directory")
+    blind.add_argument("--line-book", type=Path, default=argparse.SUPPRESS, help="line book")
+    blind.add_argument("--seed", type=int, default=argparse.SUPPRESS)
+    blind.add_argument("--model-lines", type=int, default=100, help="model lines to rate (default 100)")
+    blind.add_argument("--book-lines", type=int, default=50, help="book lines to rate (default 50)")
+    blind.add_argument("--out", type=Path, required=True, help="the CSV to write (its key beside it)")
+    unblind = sub.add_parser("unblind", help="check a rated file against its key and summarise",
+                             description="Read a rated FILE.csv and FILE.key.json; print shippable / "
+                                         "clumsy / garbled shares per source, prompt shape and side.")
+    unblind.add_argument("file", type=Path, help="the rated CSV")
+    unblind.add_argument("--key", type=Path, default=None, help="the key (default: FILE.key.json)")
+    unblind.add_argument("--json", type=Path, default=argparse.SUPPRESS, help="also write the summary here")
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    command = getattr(args, "eval_command", None)
+    if command == "blind":
+        return _blind(args)
+    if command == "unblind":
+        return _unblind(args)
+    if args.json is None:
+        print("flashnpc eval: --json OUT is required (or: flashnpc eval blind | unblind)", file=sys.stderr)
+        return 2
+    from runtime.factory.evaluate import EvalConfig, evaluate
+    from runtime.factory.linebook import load_line_book
+    from runtime.factory.writer_eval import format_writer_table
+
+    cfg = EvalConfig.fast() if args.fast else EvalConfig()
+    cfg.seed = args.seed
+    book = load_line_book(args.line_book)
+    report = evaluate(args.model, line_book=book, cfg=cfg, progress=lambda m: print(f"· {m}", file=sys.stderr),
+                      progress_bar=not args.no_progress)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2))
+    for name, value in report["figures"].items():
+        mark = {True: "PASS", False: "FAIL"}.get(report["checks"].get(name), "    ")
+        shown = f"{value:.4f}" if isinstance(value, float) else str(value)
+        if report["checks"].get(name, False) is None:
+            mark = "n/a "
+        print(f"{mark}  {name:34s} {shown}")
+    print()
+    print(format_writer_table(report["writer"]))
+    failed = report["writer"]["failed"]
+    print(f"writer figures: {len(failed)} of {len(report['writer']['checks'])} checks miss their target")
+    print(f"{'PASSED' if report['passed'] else 'FAILED'} in {report['seconds']:.0f} s -> {args.json}")
+    return 0 if report["passed"] else 1
+
+
+def _blind(args: argparse.Namespace) -> int:
+    from runtime.client.onnx_model import FlashOnnx
+    from runtime.factory.blind import key_path, write_blind
+    from runtime.factory.evaluate import EvalConfig, Sampler
+    from runtime.factory.linebook import load_line_book
+
+    book = load_line_book(args.line_book)
+    cfg = EvalConfig(seed=args.seed)
+    sampler = Sampler(FlashOnnx.load(args.model, file="model.int4.onnx"), cfg, book)
+    try:
+        key = write_blind(args.out, book=book, sampler=sampler, model_lines=args.model_lines,
+                          book_lines=args.book_lines, seed=args.seed,
+                          model_name=str(args.model) if args.model else "shipped default")
+    except ValueError as exc:
+        print(f"flashnpc eval blind: {exc}", file=sys.stderr)
+        return 2
+    print(f"{len(key['items'])} lines to rate -> {args.out} (key: {key_path(args.out)}; keep it from the raters)")
+    print(f"rating: {key['rating_scale']}")
+    return 0
+
+
+def _unblind(args: argparse.Namespace) -> int:
+    from runtime.factory.blind import RatingsError, format_summary, read_ratings, summarise
+
+    try:
+        rated = read_ratings(args.file, args.key)
+    except RatingsError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        print(f"flashnpc eval unblind: {len(exc.problems)} problem(s); nothing summarised", file=sys.stderr)
+        return 1
+    summary = summarise(rated)
+    print(format_summary(summary))
+    if getattr(args, "json", None) is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(summary, indent=2))
+    return 0
+
+
+# --------------------------------------------------------------------------- flashnpc export [onnx]
+
+def add_export_onnx_arguments(group: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:
+    """The flags of ``flashnpc export [onnx]`` beyond ``--model`` and ``--out`` (the command
+    itself, with its mobile and client forms, is :mod:`mobile_export.cli`'s)."""
+    group.add_argument("--accuracy-level", type=int, choices=(0, 4), default=4,
+                       help="MatMulNBits accuracy_level: 4 = int8 activations (faster), 0 = fp32")
+    group.add_argument("--variant", choices=("qmoe", "gather", "dense"), default="qmoe",
+                       help="how INT4 experts run: qmoe (default, sparse), gather (sparse), dense")
+    group.add_argument("--embedding", choices=("fp16", "int4", "fp32"), default="fp16",
+                       help="storage of the token embedding table in the INT4 file")
+
+
+def run_export_onnx(args: argparse.Namespace) -> int:
+    """``flashnpc export [onnx]``: checkpoint ``--model`` (default :data:`DEFAULT_CHECKPOINT`) ->
+    model directory ``--out`` (default: the shipped one)."""
+    from runtime.factory.export import ExportError, export_checkpoint
+    from runtime.paths import DEFAULT_MODEL_DIR
+
+    model = args.model if args.model is not None else DEFAULT_CHECKPOINT
+    out = args.out if args.out is not None else DEFAULT_MODEL_DIR
+    try:
+        info = export_checkpoint(model, out, accuracy_level=args.accuracy_level,
+                                 moe=args.variant, embedding=args.embedding)
+    except (ExportError, FileNotFoundError) as exc:
+        print(f"flashnpc export: {exc}", file=sys.stderr)
+        return 2
+    for name, size in info["files"].items():
+        print(f"{out / name}: {size / 1e6:.2f} MB")
+    int4 = info["int4"]
+    print(f"INT4: {int4['variant']} experts, accuracy_level {int4['accuracy_level']}, "
+          f"{int4['embedding']} embedding; onnxruntime {info['onnxruntime_version']}")
+    print(f"wrote {out / 'export.json'}")
+    return 0

@@ -1,0 +1,1362 @@
+"""The line book: the YAML training data game writers author, its validator and its expansion.
+
+A line book is one YAML file or a directory of ``*.yaml`` files (read in name order and
+merged section by section). It declares the closed vocabulary a prompt is made of
+(archetypes, persona traits, behavior states, player intents, context slots and values),
+the free-text slots filled after generation (``{player}``, ``{location}``, ``{item}``),
+banned out-of-setting words, and the authored fragments that expand into training lines.
+The format is documented in ``docs/linebook.md``.
+
+Templates use three kinds of markup:
+
+* ``{player}``: a free-text slot, kept in the generated line and filled by the game;
+* ``[group]``: a fragment drawn from a group (archetype voice, the state's leads, the
+  reply for the state and intent, the persona's mood, a context fragment, ...);
+* ``(a|b|)``: inline alternatives, one chosen per line; an empty alternative is allowed.
+
+Every error found while loading raises :class:`LineBookError` naming file, line and field.
+Expansion is deterministic (seeded from the book's ``expansion.seed`` and the condition
+names), needs no disk cache and takes a few seconds for the default book.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import random
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from runtime.factory.text_metrics import glitches
+from runtime.paths import DEFAULT_LINE_BOOK_DIR
+
+if TYPE_CHECKING:
+    from runtime.client.constraints import Constraints
+
+DEFAULT_PATH = DEFAULT_LINE_BOOK_DIR
+
+# group names with built-in meaning; every other [group] is an archetype voice group
+BUILTIN_GROUPS = ("lead", "coda", "reply", "mood", "ctx", "tag", "own")
+TONES = ("calm", "urgent")
+_SLOT_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+_WORD_RE = re.compile(r"[A-Za-z']+")
+# a word as the decoding constraints count it (runtime.client.constraints._WORD), on lower-cased text
+_VOCAB_WORD_RE = re.compile(r"[a-z]+(?:'[a-z]+)?")
+
+
+# words too common to tell a tag apart on their own: a signature needs one other word
+_COMMON = frozenset(["a", "an", "the", "and", "or", "but", "so", "if", "as", "at", "by", "for", "from", "in", "into", "of", "off", "on", "onto", "out", "over", "to", "up", "with", "i", "i'm", "i've", "i'll", "me", "my", "mine", "we", "we're", "us", "our", "you", "you're", "your", "yours", "he", "she", "it", "it's", "its", "they", "them", "their", "this", "that", "these", "those", "is", "are", "was", "were", "be", "been", "am", "do", "does", "did", "have", "has", "had", "not", "no", "now", "here", "there", "then", "what", "who", "how", "why", "oh", "ah", "eh", "well", "just", "all", "too", "very", "can", "can't", "will", "won't"])
+
+
+def _words(text: str) -> list[str]:
+    """The words of ``text`` as the vocabulary and the signatures count them (lower case)."""
+    return _VOCAB_WORD_RE.findall(text.lower())
+
+
+
+class LineBookError(ValueError):
+    """A malformed line book. ``str()`` is ``"<file>:<line>: <field>: <problem>"``."""
+
+    def __init__(self, file: str, line: int, field: str, problem: str) -> None:
+        self.file = str(file)
+        self.line = int(line)
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{self.file}:{self.line}: {field}: {problem}")
+
+
+@dataclass(frozen=True)
+class Example:
+    """One expanded training line and the prompt it answers."""
+
+    archetype: str
+    persona: tuple[str, ...]  # sorted persona trait names (0-2 traits)
+    state: str
+    intent: str
+    context: tuple[tuple[str, str], ...]  # sorted (slot, value) pairs: any subset of the slots
+    text: str  # the line; may contain free-text slot markers such as {player}
+
+
+@dataclass(frozen=True)
+class LintProblem:
+    """An expanded line that reads as a template artifact, and the fragments it came from."""
+
+    text: str
+    problem: str
+    sources: tuple[str, ...]  # "file:line" of each fragment drawn, in order
+
+    def __str__(self) -> str:
+        return f"{', '.join(self.sources)}: {self.problem}: {self.text!r}"
+
+
+@dataclass(frozen=True)
+class Split:
+    """A deterministic partition of :meth:`LineBook.examples`.
+
+    ``heldout`` holds every example of ``heldout_pairs`` (archetype, state): none of those
+    pairs, and none of their texts, appear in ``train``, ``val`` or ``test``.
+    """
+
+    train: list[Example]
+    val: list[Example]
+    test: list[Example]
+    heldout: list[Example]
+    heldout_pairs: list[tuple[str, str]]
+
+
+# ---------------------------------------------------------------- templates
+
+
+@dataclass(frozen=True)
+class _Where:
+    file: str
+    line: int
+    field: str
+
+    def error(self, problem: str) -> LineBookError:
+        return LineBookError(self.file, self.line, self.field, problem)
+
+
+# A parsed template is a tuple of parts: str (literal), ("slot", name), ("ref", group),
+# ("alt", (template, template, ...)).
+_Part = Any
+_Template = tuple
+
+
+@dataclass(frozen=True)
+class _Source:
+    template: _Template
+    where: _Where
+    slots: frozenset[str]
+    refs: frozenset[str]
+
+
+def _parse_template(text: str, where: _Where) -> _Template:
+    pos = 0
+
+    def parse_seq(depth: int) -> tuple[list[_Template], str]:
+        nonlocal pos
+        alts: list[_Template] = []
+        parts: list[_Part] = []
+        buf: list[str] = []
+
+        def flush() -> None:
+            if buf:
+                parts.append("".join(buf))
+                buf.clear()
+
+        while pos < len(text):
+            ch = text[pos]
+            if ch == "(":
+                flush()
+                pos += 1
+                inner, end = parse_seq(depth + 1)
+                if end != ")":
+                    raise where.error(f"unclosed '(' in template {text!r}")
+                parts.append(("alt", tuple(inner)))
+            elif ch == ")":
+                if depth == 0:
+                    raise where.error(f"unmatched ')' in template {text!r}")
+                flush()
+                alts.append(tuple(parts))
+                pos += 1
+                return alts, ")"
+            elif ch == "|":
+                if depth == 0:
+                    raise where.error(f"'|' outside parentheses in template {text!r}")
+                flush()
+                alts.append(tuple(parts))
+                parts = []
+                pos += 1
+            elif ch == "[":
+                end = text.find("]", pos)
+                name = text[pos + 1 : end] if end > 0 else ""
+                if end < 0 or not _NAME_RE.match(name):
+                    raise where.error(f"bad group reference at column {pos + 1} in {text!r}")
+                flush()
+                parts.append(("ref", name))
+                pos = end + 1
+            elif ch == "]":
+                raise where.error(f"unmatched ']' in template {text!r}")
+            elif ch == "{":
+                m = _SLOT_RE.match(text, pos)
+                if not m:
+                    raise where.error(f"bad slot marker at column {pos + 1} in {text!r}")
+                flush()
+                parts.append(("slot", m.group(1)))
+                pos = m.end()
+            elif ch == "}":
+                raise where.error(f"unmatched '}}' in template {text!r}")
+            else:
+                buf.append(ch)
+                pos += 1
+        flush()
+        alts.append(tuple(parts))
+        return alts, ""
+
+    seqs, _ = parse_seq(0)
+    return seqs[0]
+
+
+def _collect(template: _Template, slots: set[str], refs: set[str]) -> None:
+    for part in template:
+        if isinstance(part, str):
+            continue
+        kind, value = part
+        if kind == "slot":
+            slots.add(value)
+        elif kind == "ref":
+            refs.add(value)
+        else:
+            for alt in value:
+                _collect(alt, slots, refs)
+
+
+def _literal_text(text: str) -> str:
+    """The authored words of a template, markup replaced by spaces (for the banned-word check)."""
+    text = _SLOT_RE.sub(" ", text)
+    text = re.sub(r"\[[^\]]*\]", " ", text)
+    return re.sub(r"[()|]", " ", text)
+
+
+# ---------------------------------------------------------------- YAML node reading
+
+
+class _Reader:
+    """Walks a composed YAML node tree, raising LineBookError with file/line/field."""
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+
+    def where(self, node: yaml.Node, field: str) -> _Where:
+        return _Where(self.file, node.start_mark.line + 1, field)
+
+    def fail(self, node: yaml.Node, field: str, problem: str) -> LineBookError:
+        return self.where(node, field).error(problem)
+
+    def mapping(self, node: yaml.Node, field: str) -> list[tuple[str, yaml.Node, yaml.Node]]:
+        if not isinstance(node, yaml.MappingNode):
+            raise self.fail(node, field, "expected a mapping")
+        out: list[tuple[str, yaml.Node, yaml.Node]] = []
+        seen: set[str] = set()
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise self.fail(key_node, field, "keys must be plain names")
+            key = str(key_node.value)
+            if key in seen:
+                raise self.fail(key_node, f"{field}.{key}", "duplicate key")
+            seen.add(key)
+            out.append((key, key_node, value_node))
+        return out
+
+    def seq(self, node: yaml.Node, field: str) -> list[yaml.Node]:
+        if not isinstance(node, yaml.SequenceNode):
+            raise self.fail(node, field, "expected a list")
+        return list(node.value)
+
+    def string(self, node: yaml.Node, field: str) -> str:
+        if not isinstance(node, yaml.ScalarNode) or node.tag.endswith(":null"):
+            raise self.fail(node, field, "expected a string")
+        value = str(node.value)
+        if not value.strip():
+            raise self.fail(node, field, "empty string")
+        return value
+
+    def name(self, node: yaml.Node, field: str) -> str:
+        value = self.string(node, field)
+        if not _NAME_RE.match(value):
+            raise self.fail(node, field, f"{value!r} is not a name (lowercase letters, digits, _)")
+        return value
+
+    def names(self, node: yaml.Node, field: str) -> list[str]:
+        out: list[str] = []
+        for i, item in enumerate(self.seq(node, field)):
+            value = self.name(item, f"{field}[{i}]")
+            if value in out:
+                raise self.fail(item, f"{field}[{i}]", f"duplicate name {value!r}")
+            out.append(value)
+        return out
+
+    def integer(self, node: yaml.Node, field: str, lo: int, hi: int) -> int:
+        if not isinstance(node, yaml.ScalarNode) or not node.tag.endswith(":int"):
+            raise self.fail(node, field, "expected an integer")
+        value = int(node.value)
+        if not lo <= value <= hi:
+            raise self.fail(node, field, f"{value} is outside [{lo}, {hi}]")
+        return value
+
+
+# ---------------------------------------------------------------- the book
+
+
+@dataclass
+class _Pattern:
+    template: _Template
+    weight: int
+    tones: tuple[str, ...]
+    where: _Where
+    refs: frozenset[str] = frozenset()
+
+
+@dataclass
+class _Raw:
+    """Sections as read, merged over files, before cross-checks."""
+
+    sections: dict[str, list[tuple[_Reader, str, yaml.Node, yaml.Node]]] = field(
+        default_factory=dict
+    )
+    lists: dict[str, list[tuple[_Reader, yaml.Node]]] = field(default_factory=dict)
+
+
+_MAP_SECTIONS = (
+    "archetypes",
+    "persona_traits",
+    "states",
+    "intents",
+    "context",
+    "replies",
+    "fallbacks",
+    "phrases",
+    "own_lines",
+    "slot_defaults",
+    "expansion",
+)
+_LIST_SECTIONS = ("slots", "banned_words", "compose", "heldout_pairs")
+
+
+class LineBook:
+    """A validated line book. Build it with :func:`load_line_book`."""
+
+    archetypes: list[str]
+    persona_traits: list[str]
+    states: list[str]
+    intents: list[str]
+    context: dict[str, list[str]]
+    slots: list[str]
+    banned_words: list[str]
+
+    def __init__(self, raw: _Raw) -> None:
+        self._sources: list[_Source] = []
+        self._read_lists(raw)
+        self._read_catalog(raw)
+        self._read_fragments(raw)
+        self._check_references()
+        self._check_implies()
+        self._examples: list[Example] | None = None
+        self._signatures: dict[str, list[str]] | None = None
+        self._vocabulary: list[str] | None = None
+
+    # -------------------------------------------------------------- reading
+
+    def _entries(self, raw: _Raw, section: str) -> list[tuple[_Reader, str, yaml.Node, yaml.Node]]:
+        return raw.sections.get(section, [])
+
+    def _require(self, raw: _Raw, section: str, file_hint: str) -> None:
+        if not raw.sections.get(section) and not raw.lists.get(section):
+            raise LineBookError(file_hint, 1, section, "required section is missing")
+
+    def _template(self, rd: _Reader, node: yaml.Node, field: str) -> _Source:
+        text = rd.string(node, field)
+        where = rd.where(node, field)
+        template = _parse_template(text, where)
+        literal = _literal_text(text).lower()
+        for word in self.banned_words:
+            if re.search(r"(?<![A-Za-z])" + re.escape(word) + r"(?![A-Za-z])", literal):
+                raise where.error(f"banned word {word!r} in {text!r}")
+        slots: set[str] = set()
+        refs: set[str] = set()
+        _collect(template, slots, refs)
+        for slot in sorted(slots):
+            if slot not in self.slots:
+                raise where.error(f"unknown slot {{{slot}}}; known slots: {self.slots}")
+        src = _Source(template, where, frozenset(slots), frozenset(refs))
+        self._sources.append(src)
+        return src
+
+    def _templates(self, rd: _Reader, node: yaml.Node, field: str) -> list[_Source]:
+        items = rd.seq(node, field)
+        if not items:
+            raise rd.fail(node, field, "needs at least one line")
+        return [self._template(rd, item, f"{field}[{i}]") for i, item in enumerate(items)]
+
+    def _read_lists(self, raw: _Raw) -> None:
+        self._first_file = next(
+            (rd.file for entries in raw.sections.values() for rd, *_ in entries),
+            next((rd.file for items in raw.lists.values() for rd, _ in items), "<linebook>"),
+        )
+        self.slots = []
+        self._slot_where: dict[str, _Where] = {}
+        for rd, node in raw.lists.get("slots", []):
+            for i, item in enumerate(rd.seq(node, "slots")):
+                name = rd.name(item, f"slots[{i}]")
+                if name in self.slots:
+                    raise rd.fail(item, f"slots[{i}]", f"duplicate slot {name!r}")
+                self.slots.append(name)
+        self.slot_defaults: dict[str, str] = {}
+        for rd, name, key, value in raw.sections.get("slot_defaults", []):
+            f = f"slot_defaults.{name}"
+            if name not in self.slots:
+                raise rd.fail(key, f, _unknown("slot", name, self.slots))
+            text = rd.string(value, f).strip()
+            if not text or re.search(r"[\[\]{}()|]", text):
+                raise rd.fail(value, f, "needs plain text (no markup)")
+            self.slot_defaults[name] = text
+        self.banned_words = []
+        for rd, node in raw.lists.get("banned_words", []):
+            for i, item in enumerate(rd.seq(node, "banned_words")):
+                word = rd.string(item, f"banned_words[{i}]").strip().lower()
+                if word not in self.banned_words:
+                    self.banned_words.append(word)
+
+    def _read_catalog(self, raw: _Raw) -> None:
+        for section in ("archetypes", "persona_traits", "states", "intents", "context"):
+            self._require(raw, section, self._first_file)
+        # persona traits
+        self.persona_traits = []
+        self._trait_excludes: dict[str, set[str]] = {}
+        self._trait_nodes: dict[str, tuple[_Reader, yaml.Node, str]] = {}
+        for rd, name, key, value in self._entries(raw, "persona_traits"):
+            f = f"persona_traits.{name}"
+            rd.name(key, f)
+            self.persona_traits.append(name)
+            self._trait_nodes[name] = (rd, value, f)
+        # states
+        self.states = []
+        self._state_tone: dict[str, str] = {}
+        self._state_slots: dict[str, set[str]] = {}
+        self._state_nodes: dict[str, tuple[_Reader, yaml.Node, str]] = {}
+        for rd, name, key, value in self._entries(raw, "states"):
+            f = f"states.{name}"
+            rd.name(key, f)
+            self.states.append(name)
+            self._state_nodes[name] = (rd, value, f)
+            tone = "calm"
+            slots: set[str] = set()
+            for k, knode, v in rd.mapping(value, f):
+                if k == "tone":
+                    tone = rd.string(v, f"{f}.tone")
+                    if tone not in TONES:
+                        raise rd.fail(
+                            v, f"{f}.tone", f"unknown tone {tone!r}; known: {list(TONES)}"
+                        )
+                elif k == "slots":
+                    slots = set(self._slot_names(rd, v, f"{f}.slots"))
+                elif k not in ("leads", "codas", "description"):
+                    raise rd.fail(
+                        knode,
+                        f"{f}.{k}",
+                        "unknown field; known: description, tone, slots, leads, codas",
+                    )
+            self._state_tone[name] = tone
+            self._state_slots[name] = slots
+        # intents
+        self.intents = []
+        self._intent_slots: dict[str, set[str]] = {}
+        for rd, name, key, value in self._entries(raw, "intents"):
+            f = f"intents.{name}"
+            rd.name(key, f)
+            self.intents.append(name)
+            slots = set()
+            for k, knode, v in rd.mapping(value, f):
+                if k == "slots":
+                    slots = set(self._slot_names(rd, v, f"{f}.slots"))
+                elif k != "description":
+                    raise rd.fail(knode, f"{f}.{k}", "unknown field; known: description, slots")
+            self._intent_slots[name] = slots
+        # context slots and values
+        self.context = {}
+        self._context_nodes: dict[str, tuple[_Reader, yaml.Node, str]] = {}
+        for rd, slot, key, value in self._entries(raw, "context"):
+            f = f"context.{slot}"
+            rd.name(key, f)
+            if slot in self.slots:
+                raise rd.fail(
+                    key, f, "a context slot must not share its name with a free-text slot"
+                )
+            values: list[str] = []
+            for vname, vkey, _vnode in rd.mapping(value, f):
+                rd.name(vkey, f"{f}.{vname}")
+                values.append(vname)
+            if not values:
+                raise rd.fail(value, f, "needs at least one value")
+            self.context[slot] = values
+            self._context_nodes[slot] = (rd, value, f)
+        # archetypes
+        self.archetypes = []
+        self._arch_nodes: dict[str, tuple[_Reader, yaml.Node, str]] = {}
+        self._arch_slots: dict[str, set[str]] = {}
+        for rd, name, key, value in self._entries(raw, "archetypes"):
+            f = f"archetypes.{name}"
+            rd.name(key, f)
+            self.archetypes.append(name)
+            self._arch_nodes[name] = (rd, value, f)
+        for label, names in (
+            ("archetypes", self.archetypes),
+            ("persona_traits", self.persona_traits),
+            ("states", self.states),
+            ("intents", self.intents),
+        ):
+            if not names:
+                raise LineBookError(self._first_file, 1, label, "needs at least one entry")
+        clash = set(BUILTIN_GROUPS) | set(self.context)
+        for name in self.persona_traits:
+            rd, value, f = self._trait_nodes[name]
+            excludes: set[str] = set()
+            for k, knode, v in rd.mapping(value, f):
+                if k == "excludes":
+                    for i, item in enumerate(rd.seq(v, f"{f}.excludes")):
+                        other = rd.name(item, f"{f}.excludes[{i}]")
+                        if other not in self.persona_traits:
+                            raise rd.fail(
+                                item,
+                                f"{f}.excludes[{i}]",
+                                _unknown("persona trait", other, self.persona_traits),
+                            )
+                        excludes.add(other)
+                elif k not in ("description", *TONES):
+                    raise rd.fail(
+                        knode,
+                        f"{f}.{k}",
+                        "unknown field; known: description, excludes, calm, urgent",
+                    )
+            self._trait_excludes[name] = excludes
+        for name in self.persona_traits:
+            for other in self._trait_excludes[name]:
+                self._trait_excludes[other].add(name)
+        self._clash = clash
+
+    def _nested(self, raw: _Raw, section: str, outer: tuple[str, list[str]], inner: tuple[str, list[str]]
+                ) -> Iterator[tuple[_Reader, str, str, yaml.Node, yaml.Node, str]]:
+        """``section.<outer>.<inner>`` entries (replies: state -> intent, own lines: archetype ->
+        state) as ``(reader, outer, inner, inner key node, value node, field)``, each name
+        checked against its known values."""
+        (outer_kind, outer_known), (inner_kind, inner_known) = outer, inner
+        for rd, name, key, value in self._entries(raw, section):
+            f = f"{section}.{name}"
+            if name not in outer_known:
+                raise rd.fail(key, f, _unknown(outer_kind, name, outer_known))
+            for sub, skey, snode in rd.mapping(value, f):
+                if sub not in inner_known:
+                    raise rd.fail(skey, f"{f}.{sub}", _unknown(inner_kind, sub, inner_known))
+                yield rd, name, sub, skey, snode, f"{f}.{sub}"
+
+    def _slot_names(self, rd: _Reader, node: yaml.Node, field: str) -> list[str]:
+        names = rd.names(node, field)
+        for i, name in enumerate(names):
+            if name not in self.slots:
+                raise rd.fail(
+                    rd.seq(node, field)[i], f"{field}[{i}]", _unknown("slot", name, self.slots)
+                )
+        return names
+
+    def _tone_lists(
+        self, rd: _Reader, node: yaml.Node, field: str, slots: set[str]
+    ) -> dict[str, list[_Source]]:
+        out: dict[str, list[_Source]] = {t: [] for t in TONES}
+        for k, _knode, v in rd.mapping(node, field):
+            if k in TONES:
+                out[k] = self._templates(rd, v, f"{field}.{k}")
+                self._check_slots(out[k], slots)
+        return out
+
+    def _check_slots(self, sources: list[_Source], allowed: set[str]) -> None:
+        for src in sources:
+            extra = src.slots - allowed
+            if extra:
+                raise src.where.error(
+                    f"slot {{{sorted(extra)[0]}}} is not allowed here; allowed: {sorted(allowed)}"
+                )
+
+    def _read_fragments(self, raw: _Raw) -> None:
+        # persona moods
+        self._moods: dict[str, dict[str, list[_Source]]] = {}
+        for name in self.persona_traits:
+            rd, value, f = self._trait_nodes[name]
+            self._moods[name] = self._tone_lists(rd, value, f, set())
+        # state leads
+        self._leads: dict[str, list[_Source]] = {}
+        self._codas: dict[str, list[_Source]] = {}
+        for name in self.states:
+            rd, value, f = self._state_nodes[name]
+            leads = [v for k, _kn, v in rd.mapping(value, f) if k == "leads"]
+            if not leads:
+                raise rd.fail(value, f"{f}.leads", "required field is missing")
+            self._leads[name] = self._templates(rd, leads[0], f"{f}.leads")
+            self._check_slots(self._leads[name], self._state_slots[name])
+            codas = [v for k, _kn, v in rd.mapping(value, f) if k == "codas"]
+            self._codas[name] = self._templates(rd, codas[0], f"{f}.codas") if codas else []
+            self._check_slots(self._codas[name], self._state_slots[name])
+        # context fragments
+        self._ctx_frags: dict[tuple[str, str], dict[str, list[_Source]]] = {}
+        self._implies: dict[tuple[str, str], list[str]] = {}
+        for slot in self.context:
+            rd, node, f = self._context_nodes[slot]
+            for vname, _vkey, vnode in rd.mapping(node, f):
+                vf = f"{f}.{vname}"
+                if isinstance(vnode, yaml.ScalarNode) and vnode.tag.endswith(":null"):
+                    self._ctx_frags[(slot, vname)] = {t: [] for t in TONES}
+                    self._implies[(slot, vname)] = []
+                    continue
+                implies: list[str] = []
+                for k, knode, v in rd.mapping(vnode, vf):
+                    if k == "implies":
+                        implies = [" ".join(_words(rd.string(item, f"{vf}.implies[{i}]")))
+                                   for i, item in enumerate(rd.seq(v, f"{vf}.implies"))]
+                        if not all(implies):
+                            raise rd.fail(v, f"{vf}.implies", "an entry has no words")
+                    elif k not in (*TONES, "description"):
+                        raise rd.fail(
+                            knode, f"{vf}.{k}", "unknown field; known: description, implies, calm, urgent"
+                        )
+                self._implies[(slot, vname)] = implies
+                self._ctx_frags[(slot, vname)] = self._tone_lists(rd, vnode, vf, set())
+        # archetypes: slots, voice groups, tags
+        self._voice: dict[str, dict[str, list[_Source]]] = {}
+        self._voice_where: dict[str, _Where] = {}
+        self._tags: dict[str, dict[str, list[_Source]]] = {}
+        for name in self.archetypes:
+            rd, value, f = self._arch_nodes[name]
+            self._voice_where[name] = rd.where(value, f)
+            fields = {k: (knode, v) for k, knode, v in rd.mapping(value, f)}
+            for k, (knode, _v) in fields.items():
+                if k not in ("description", "slots", "voice", "tags"):
+                    raise rd.fail(
+                        knode, f"{f}.{k}", "unknown field; known: description, slots, voice, tags"
+                    )
+            slots = (
+                set(self._slot_names(rd, fields["slots"][1], f"{f}.slots"))
+                if "slots" in fields
+                else set()
+            )
+            self._arch_slots[name] = slots
+            if "voice" not in fields:
+                raise rd.fail(value, f"{f}.voice", "required field is missing")
+            voice: dict[str, list[_Source]] = {}
+            for group, gkey, gnode in rd.mapping(fields["voice"][1], f"{f}.voice"):
+                gf = f"{f}.voice.{group}"
+                rd.name(gkey, gf)
+                if group in self._clash:
+                    raise rd.fail(gkey, gf, f"{group!r} is a reserved group name")
+                voice[group] = self._templates(rd, gnode, gf)
+                self._check_slots(voice[group], slots)
+            self._voice[name] = voice
+            if "tags" in fields:
+                for k, knode, _v in rd.mapping(fields["tags"][1], f"{f}.tags"):
+                    if k not in TONES:
+                        raise rd.fail(knode, f"{f}.tags.{k}", "unknown field; known: calm, urgent")
+                self._tags[name] = self._tone_lists(rd, fields["tags"][1], f"{f}.tags", slots)
+            else:
+                self._tags[name] = {t: [] for t in TONES}
+        # shared phrase groups: [name] usable in any template
+        self._phrases: dict[str, list[_Source]] = {}
+        for rd, name, key, value in self._entries(raw, "phrases"):
+            f = f"phrases.{name}"
+            rd.name(key, f)
+            if name in self._clash:
+                raise rd.fail(key, f, f"{name!r} is a reserved group name")
+            clash = [a for a in self.archetypes if name in self._voice[a]]
+            if clash:
+                raise rd.fail(key, f, f"{name!r} is also a voice group of archetype {clash[0]!r}")
+            srcs = self._templates(rd, value, f)
+            self._check_slots(srcs, set())
+            self._phrases[name] = srcs
+        # own lines: archetype -> state -> templates in that archetype's voice
+        self._own: dict[tuple[str, str], list[_Source]] = {}
+        # an own line answers no particular intent, so it may use the slots every intent allows
+        every_intent = set.intersection(*(set(v) for v in self._intent_slots.values()))
+        for rd, arch, state, _skey, snode, f in self._nested(raw, "own_lines", ("archetype", self.archetypes),
+                                                             ("state", self.states)):
+            srcs = self._templates(rd, snode, f)
+            self._check_slots(srcs, self._state_slots[state] | self._arch_slots[arch] | every_intent)
+            for src in srcs:
+                bad = src.refs - set(self._voice[arch])
+                if bad:
+                    raise src.where.error(
+                        f"own lines may only use the archetype's voice groups; [{sorted(bad)[0]}] is not one")
+            self._own[(arch, state)] = srcs
+        # replies: state -> intent -> templates
+        self._replies: dict[tuple[str, str], list[_Source]] = {}
+        for rd, state, intent, ikey, inode, f in self._nested(raw, "replies", ("state", self.states),
+                                                              ("intent", self.intents)):
+            if (state, intent) in self._replies:
+                raise rd.fail(ikey, f, "duplicate replies for this state and intent")
+            srcs = self._templates(rd, inode, f)
+            self._check_slots(srcs, self._state_slots[state] | self._intent_slots[intent])
+            self._replies[(state, intent)] = srcs
+        for state in self.states:
+            for intent in self.intents:
+                if (state, intent) not in self._replies:
+                    raise LineBookError(
+                        self._first_file,
+                        1,
+                        f"replies.{state}.{intent}",
+                        "no replies for this state and intent",
+                    )
+        # compose patterns
+        self._patterns: list[_Pattern] = []
+        for rd, node in raw.lists.get("compose", []):
+            for i, item in enumerate(rd.seq(node, "compose")):
+                f = f"compose[{i}]"
+                fields = {k: (knode, v) for k, knode, v in rd.mapping(item, f)}
+                for k, (knode, _v) in fields.items():
+                    if k not in ("pattern", "weight", "tones"):
+                        raise rd.fail(
+                            knode, f"{f}.{k}", "unknown field; known: pattern, weight, tones"
+                        )
+                if "pattern" not in fields:
+                    raise rd.fail(item, f"{f}.pattern", "required field is missing")
+                src = self._template(rd, fields["pattern"][1], f"{f}.pattern")
+                if src.slots:
+                    raise src.where.error("a compose pattern may not use slots")
+                if not src.refs & {"lead", "coda", "reply", "own"}:
+                    raise src.where.error("a compose pattern must use [lead], [coda], [reply] or [own]")
+                weight = (
+                    rd.integer(fields["weight"][1], f"{f}.weight", 1, 1000)
+                    if "weight" in fields
+                    else 1
+                )
+                tones: tuple[str, ...] = TONES
+                if "tones" in fields:
+                    tones = tuple(rd.names(fields["tones"][1], f"{f}.tones"))
+                    for t in tones:
+                        if t not in TONES:
+                            raise rd.fail(
+                                fields["tones"][1],
+                                f"{f}.tones",
+                                f"unknown tone {t!r}; known: {list(TONES)}",
+                            )
+                self._patterns.append(_Pattern(src.template, weight, tones, src.where, src.refs))
+        if not self._patterns:
+            raise LineBookError(self._first_file, 1, "compose", "required section is missing")
+        for tone in TONES:
+            if not any(tone in p.tones for p in self._patterns):
+                raise LineBookError(self._first_file, 1, "compose", f"no pattern for tone {tone!r}")
+        # expansion settings
+        self.per_condition = 100
+        self.max_words = 24
+        self.min_words = 3
+        self.seed = 0
+        for rd, key_name, key, value in self._entries(raw, "expansion"):
+            f = f"expansion.{key_name}"
+            if key_name == "per_condition":
+                self.per_condition = rd.integer(value, f, 1, 100000)
+            elif key_name == "max_words":
+                self.max_words = rd.integer(value, f, 1, 200)
+            elif key_name == "min_words":
+                self.min_words = rd.integer(value, f, 1, 200)
+            elif key_name == "seed":
+                self.seed = rd.integer(value, f, 0, 2**31)
+            else:
+                raise rd.fail(
+                    key, f, "unknown field; known: per_condition, max_words, min_words, seed"
+                )
+        # held-out pairs
+        self.heldout_pairs: list[tuple[str, str]] = []
+        for rd, node in raw.lists.get("heldout_pairs", []):
+            for i, item in enumerate(rd.seq(node, "heldout_pairs")):
+                f = f"heldout_pairs[{i}]"
+                pair = rd.seq(item, f)
+                if len(pair) != 2:
+                    raise rd.fail(item, f, "expected [archetype, state]")
+                arch, state = rd.name(pair[0], f), rd.name(pair[1], f)
+                if arch not in self.archetypes:
+                    raise rd.fail(pair[0], f, _unknown("archetype", arch, self.archetypes))
+                if state not in self.states:
+                    raise rd.fail(pair[1], f, _unknown("state", state, self.states))
+                if (arch, state) in self.heldout_pairs:
+                    raise rd.fail(item, f, "duplicate held-out pair")
+                self.heldout_pairs.append((arch, state))
+        # fallbacks: state -> templates (voice groups allowed), or archetype -> state -> lines
+        self._fallbacks: dict[str, list[_Source]] = {}
+        self._fallback_overrides: dict[tuple[str, str], list[_Source]] = {}
+        for rd, name, key, value in self._entries(raw, "fallbacks"):
+            f = f"fallbacks.{name}"
+            if name in self.states:
+                srcs = self._templates(rd, value, f)
+                self._check_slots(srcs, self._state_slots[name])
+                self._fallbacks[name] = srcs
+            elif name in self.archetypes:
+                for state, skey, snode in rd.mapping(value, f):
+                    if state not in self.states:
+                        raise rd.fail(skey, f"{f}.{state}", _unknown("state", state, self.states))
+                    srcs = self._templates(rd, snode, f"{f}.{state}")
+                    self._check_slots(srcs, self._state_slots[state] | self._arch_slots[name])
+                    self._fallback_overrides[(name, state)] = srcs
+            else:
+                raise rd.fail(
+                    key, f, _unknown("state or archetype", name, self.states + self.archetypes)
+                )
+        for state in self.states:
+            if state not in self._fallbacks:
+                raise LineBookError(
+                    self._first_file, 1, f"fallbacks.{state}", "no fallback lines for this state"
+                )
+
+    def _check_references(self) -> None:
+        voice_groups = {g for v in self._voice.values() for g in v}
+        known = set(BUILTIN_GROUPS) | set(self.context) | voice_groups | set(self._phrases)
+        for src in self._sources:
+            for ref in sorted(src.refs):
+                if ref not in known:
+                    raise src.where.error(
+                        _unknown("group", f"[{ref}]", sorted(f"[{k}]" for k in known))
+                    )
+                if ref in voice_groups:
+                    for arch in self.archetypes:
+                        if ref not in self._voice[arch]:
+                            raise self._voice_where[arch].error(
+                                f"voice group {ref!r} is used at {src.where.file}:{src.where.line} "
+                                f"but archetype {arch!r} does not define it"
+                            )
+        # fragments that are drawn inside other fragments must not recurse into lead/reply
+        for srcs in [*self._leads.values(), *self._codas.values(), *self._replies.values(),
+                     *self._own.values()]:
+            for src in srcs:
+                bad = src.refs & {"lead", "coda", "reply", "tag"}
+                if bad:
+                    raise src.where.error(
+                        f"[{sorted(bad)[0]}] may only be used in compose patterns"
+                    )
+        for group in [*self._voice.values(), self._phrases]:
+            for srcs in group.values():
+                for src in srcs:
+                    if src.refs:
+                        raise src.where.error("voice and phrase fragments may not reference groups")
+
+    def _check_implies(self) -> None:
+        """A context value's ``implies`` phrases may only be said by that value's fragments:
+        a lead, reply, own line or another value's fragment that says "tonight" would tell a
+        player at noon that it is night."""
+        phrases = [(tuple(p.split()), key) for key, ps in self._implies.items() for p in ps]
+        if not phrases:
+            return
+        tagged: list[tuple[_Source, str | None, tuple[str, ...] | None]] = [
+            (src, None, None) for src in self._general_sources()]
+        for tag, srcs in self._tag_sources().items():
+            owner = tuple(tag.split(":", 1)[1].split("=")) if tag.startswith("context:") else None
+            tagged += [(src, arch, owner) for src, arch in srcs]
+        for src, arch, owner in tagged:
+            for text in self._texts(src.template, arch, limit=64):
+                for piece in text.split("\n"):
+                    words = _words(piece)
+                    for phrase, key in phrases:
+                        if key == owner:
+                            continue
+                        n = len(phrase)
+                        if any(tuple(words[i:i + n]) == phrase for i in range(len(words) - n + 1)):
+                            raise src.where.error(
+                                f"says {' '.join(phrase)!r}, which asserts {key[0]}={key[1]} "
+                                f"(context.{key[0]}.{key[1]}.implies): only that value's fragments may say it")
+
+    # -------------------------------------------------------------- public API
+
+    def catalog(self) -> dict[str, list[str] | dict[str, list[str]]]:
+        """The closed vocabulary a prompt is made of (saved as catalog.json beside a model)."""
+        return {
+            "archetypes": list(self.archetypes),
+            "persona_traits": list(self.persona_traits),
+            "states": list(self.states),
+            "intents": list(self.intents),
+            "context": {k: list(v) for k, v in self.context.items()},
+            "slots": list(self.slots),
+        }
+
+    def allowed_slots(self, archetype: str, state: str, intent: str) -> set[str]:
+        """Free-text slots a generated line for this condition may contain."""
+        _check_known("archetype", archetype, self.archetypes)
+        _check_known("state", state, self.states)
+        _check_known("intent", intent, self.intents)
+        return set(
+            self._arch_slots[archetype] | self._state_slots[state] | self._intent_slots[intent]
+        )
+
+    def examples(self) -> list[Example]:
+        """Every expanded example, in catalog order (archetype, state, intent), deterministic.
+
+        Texts are distinct within a condition; a text never appears under two states.
+        """
+        if self._examples is None:
+            self._examples = list(self._expand_all())
+        return list(self._examples)
+
+    def split(self, seed: int = 0) -> Split:
+        """Train / val / test (about 90 / 5 / 5, by a hash of seed and text) plus held-out pairs."""
+        heldout_pairs = set(self.heldout_pairs)
+        heldout = [e for e in self.examples() if (e.archetype, e.state) in heldout_pairs]
+        heldout_texts = {e.text for e in heldout}
+        train: list[Example] = []
+        val: list[Example] = []
+        test: list[Example] = []
+        for e in self.examples():
+            if (e.archetype, e.state) in heldout_pairs or e.text in heldout_texts:
+                continue
+            digest = hashlib.sha256(f"{seed}\x00{e.text}".encode()).digest()
+            bucket = int.from_bytes(digest[:4], "big") % 100
+            (train if bucket < 90 else val if bucket < 95 else test).append(e)
+        return Split(train, val, test, heldout, list(self.heldout_pairs))
+
+    def fallback_lines(self) -> dict[tuple[str, str], list[str]]:
+        """Authored short lines per (archetype, state), for when the model misses its deadline.
+
+        Archetype-specific fallbacks are used where written; otherwise the state's fallback
+        templates are expanded with the archetype's voice (every alternative, in order).
+        """
+        out: dict[tuple[str, str], list[str]] = {}
+        for arch in self.archetypes:
+            for state in self.states:
+                srcs = self._fallback_overrides.get((arch, state)) or self._fallbacks[state]
+                lines: list[str] = []
+                for src in srcs:
+                    for text in self._enumerate(src.template, arch, limit=3):
+                        line = _normalize("".join(text))
+                        if line not in lines:
+                            lines.append(line)
+                out[(arch, state)] = lines
+        return out
+
+    # -------------------------------------------------------------- expansion
+
+    def _enumerate(self, template: _Template, arch: str, limit: int) -> Iterator[list[str]]:
+        """Up to ``limit`` expansions of a fallback template, first alternatives first."""
+        results: list[list[str]] = [[]]
+        for part in template:
+            options: list[list[str]]
+            if isinstance(part, str):
+                options = [[part]]
+            elif part[0] == "slot":
+                options = [["{" + part[1] + "}"]]
+            elif part[0] == "ref":
+                group = self._voice[arch].get(part[1]) or self._phrases.get(part[1]) or []
+                options = [
+                    seq for src in group for seq in self._enumerate(src.template, arch, limit)
+                ][:limit] or [[""]]
+            else:
+                options = [seq for alt in part[1] for seq in self._enumerate(alt, arch, limit)][
+                    :limit
+                ]
+            results = [r + o for r in results for o in options][:limit]
+        yield from results
+
+    def _usable(self, pattern: _Pattern, arch: str, state: str, tone: str,
+                persona: tuple[str, ...], ctx: dict[str, str]) -> bool:
+        """Whether every group the pattern draws has something to say for this prompt: a
+        prompt without persona gets no [mood] pattern, one without context no [ctx]."""
+        refs = pattern.refs
+        if "mood" in refs and not any(self._moods[t][tone] for t in persona):
+            return False
+        if "ctx" in refs and not any(self._ctx_frags[(k, v)][tone] for k, v in ctx.items()):
+            return False
+        if "own" in refs and not self._own.get((arch, state)):
+            return False
+        return not ("tag" in refs and not self._tags[arch][tone])
+
+    def lint(self) -> list[LintProblem]:
+        """Lines the expansion drew and dropped as template artifacts (:func:`lint_line`, or the
+        player named twice), each with the fragments it was made of: what a writer should fix."""
+        self.examples()
+        return list(self._lint_log)
+
+    def _expand_all(self) -> Iterator[Example]:
+        self._lint_log: list[LintProblem] = []
+        text_state: dict[str, tuple[str, str, str]] = {}
+        for arch in self.archetypes:
+            for state in self.states:
+                tone = self._state_tone[state]
+                patterns = [p for p in self._patterns if tone in p.tones]
+                for intent in self.intents:
+                    rng = random.Random(f"{self.seed}:{arch}:{state}:{intent}")
+                    seen: set[str] = set()
+                    attempts = 0
+                    while len(seen) < self.per_condition and attempts < self.per_condition * 8:
+                        attempts += 1
+                        persona = self._draw_persona(rng)
+                        ctx = self._draw_context(rng)
+                        usable = [p for p in patterns if self._usable(p, arch, state, tone, persona, ctx)]
+                        pattern = rng.choices(usable, weights=[p.weight for p in usable])[0]
+                        env = _Env(self, arch, state, intent, tone, persona, ctx, rng)
+                        text = _normalize("".join(env.expand(pattern.template)))
+                        n_words = len(text.split())
+                        problem = lint_line(text) or (
+                            "names the player twice" if env.addressed > 1 else None)
+                        if problem is not None:
+                            self._lint_log.append(LintProblem(
+                                text, problem, tuple(f"{w.file}:{w.line}" for w in
+                                                     dict.fromkeys(src.where for src in env.sources))))
+                        if (text in seen or problem is not None
+                                or not self.min_words <= n_words <= self.max_words):
+                            continue
+                        other = text_state.get(text)
+                        if other is not None and other[0] != state:
+                            raise pattern.where.error(
+                                f"the line {text!r} is produced for state {state!r} "
+                                f"({arch}, {intent}) and for state {other[0]!r} ({other[1]}, {other[2]}); "
+                                "every line must belong to one state"
+                            )
+                        text_state.setdefault(text, (state, arch, intent))
+                        seen.add(text)
+                        yield Example(
+                            archetype=arch,
+                            persona=persona,
+                            state=state,
+                            intent=intent,
+                            context=tuple(sorted(ctx.items())),
+                            text=text,
+                        )
+
+    def _draw_persona(self, rng: random.Random) -> tuple[str, ...]:
+        """0, 1 or 2 compatible traits (a quarter of prompts carry none)."""
+        r = rng.random()
+        if r < 0.25:
+            return ()
+        first = rng.choice(self.persona_traits)
+        if r < 0.65:
+            return (first,)
+        others = [
+            t for t in self.persona_traits if t != first and t not in self._trait_excludes[first]
+        ]
+        if not others:
+            return (first,)
+        return tuple(sorted((first, rng.choice(others))))
+
+    def _draw_context(self, rng: random.Random) -> dict[str, str]:
+        """Any subset of the context slots: all of them for about a third of prompts, else
+        each slot with probability one half (so no slot at all about one prompt in twenty)."""
+        every = rng.random() < 0.3
+        return {slot: rng.choice(values) for slot, values in self.context.items()
+                if every or rng.random() < 0.5}
+
+    # -------------------------------------------------------------- what the book can say
+
+    def vocabulary(self) -> list[str]:
+        """Every word the book's lines and fallbacks say (lower case, sorted): the words the
+        decoding constraints let a model complete."""
+        if self._vocabulary is not None:
+            return list(self._vocabulary)
+        words: set[str] = set()
+        for e in self.examples():
+            words.update(_words(_SLOT_RE.sub(" ", e.text)))
+        for lines in self.fallback_lines().values():
+            for line in lines:
+                words.update(_words(_SLOT_RE.sub(" ", line)))
+        self._vocabulary = sorted(words)
+        return list(self._vocabulary)
+
+    def _texts(self, template: _Template, arch: str | None, limit: int = 256) -> list[str]:
+        """Up to ``limit`` expansions of a template, every alternative in turn; a group reference
+        becomes the archetype's voice (``arch``) or, without one, a break (``"\n"``) that no
+        phrase crosses."""
+        results = [""]
+        for part in template:
+            if isinstance(part, str):
+                options = [part]
+            elif part[0] == "slot":
+                options = ["\n"]
+            elif part[0] == "ref":
+                group = self._voice[arch].get(part[1], []) if arch is not None else []
+                options = [t for src in group for t in self._texts(src.template, arch, limit)] or ["\n"]
+            else:
+                options = [t for alt in part[1] for t in self._texts(alt, arch, limit)]
+            results = [r + o for r in results for o in options][:limit]
+        return results
+
+    def _tag_sources(self) -> dict[str, list[tuple[_Source, str | None]]]:
+        """Each tag's own fragments, with the archetype whose voice fills their references."""
+        out: dict[str, list[tuple[_Source, str | None]]] = {}
+        for arch in self.archetypes:
+            srcs = [(s, arch) for g in self._voice[arch].values() for s in g]
+            srcs += [(s, arch) for t in TONES for s in self._tags[arch][t]]
+            srcs += [(s, arch) for st in self.states for s in self._own.get((arch, st), [])]
+            out[f"archetype:{arch}"] = srcs
+        for trait in self.persona_traits:
+            out[f"persona:{trait}"] = [(s, None) for t in TONES for s in self._moods[trait][t]]
+        for (slot, value), frags in self._ctx_frags.items():
+            out[f"context:{slot}={value}"] = [(s, None) for t in TONES for s in frags[t]]
+        return out
+
+    def _general_sources(self) -> list[_Source]:
+        """Fragments that belong to no archetype, trait or context value."""
+        srcs = [s for group in (self._leads, self._codas, self._replies, self._phrases,
+                                self._fallbacks) for v in group.values() for s in v]
+        return srcs + [s for v in self._fallback_overrides.values() for s in v]
+
+    @staticmethod
+    def _ngrams(texts: Sequence[str], n_max: int = 3) -> set[tuple[str, ...]]:
+        grams: set[tuple[str, ...]] = set()
+        for text in texts:
+            for piece in text.split("\n"):
+                words = _words(piece)
+                for n in range(1, n_max + 1):
+                    grams.update(tuple(words[i:i + n]) for i in range(len(words) - n + 1))
+        return grams
+
+    def signatures(self) -> dict[str, list[str]]:
+        """Phrases (1-3 lower-case words) that voice one tag and nothing else in the book.
+
+        Tags: ``archetype:NAME`` (its voice groups, signature tags and own lines),
+        ``persona:NAME`` (its mood fragments) and ``context:SLOT=VALUE`` (its fragments, plus
+        the value's declared ``implies`` phrases). A phrase is a signature of a tag when its
+        fragments say it, no other tag's fragments nor any general fragment (leads, codas,
+        replies, phrase groups, fallbacks) do, and no expanded line says it without the tag in
+        its prompt; only minimal phrases are kept (none contains a shorter signature). The decoding constraints ban the signatures of every tag a request
+        did not ask for; ``flashnpc eval`` counts them to tell what a line voices.
+        """
+        if self._signatures is not None:
+            return {k: list(v) for k, v in self._signatures.items()}
+        tag_grams = {tag: self._ngrams([t for src, arch in srcs for t in self._texts(src.template, arch)])
+                     for tag, srcs in self._tag_sources().items()}
+        general = self._ngrams([t for src in self._general_sources() for t in self._texts(src.template, None)])
+        owners: dict[tuple[str, ...], int] = {}
+        for grams in tag_grams.values():
+            for g in grams:
+                owners[g] = owners.get(g, 0) + 1
+        candidates = {tag: {g for g in grams if owners[g] == 1 and g not in general
+                            and not _COMMON.issuperset(g)}
+                      for tag, grams in tag_grams.items()}
+        # a phrase some line says without its tag in the prompt (pieces of two fragments
+        # meeting, "After that," + "the ...") does not voice the tag
+        owner_of = {g: tag for tag, grams in candidates.items() for g in grams}
+        for e in self.examples():
+            tags = {f"archetype:{e.archetype}", *(f"persona:{t}" for t in e.persona),
+                    *(f"context:{k}={v}" for k, v in e.context)}
+            for g in self._ngrams([_SLOT_RE.sub("\n", e.text)]) & owner_of.keys():
+                if owner_of[g] not in tags:
+                    candidates[owner_of[g]].discard(g)
+        out: dict[str, list[str]] = {}
+        for tag, own in candidates.items():
+            minimal = sorted(
+                (g for g in own if not any(g[i:j] in own for i in range(len(g))
+                                           for j in range(i + 1, len(g) + 1) if (i, j) != (0, len(g)))),
+                key=lambda g: (len(g), g))
+            out[tag] = [" ".join(g) for g in minimal]
+        for (slot, value), phrases in self._implies.items():
+            tag = f"context:{slot}={value}"
+            out[tag] = sorted(set(out.get(tag, [])) | set(phrases), key=lambda p: (len(p.split()), p))
+        self._signatures = out
+        return {k: list(v) for k, v in out.items()}
+
+
+class _Env:
+    """Resolves groups for one sampled line; the drawn persona and context decide fragments."""
+
+    __slots__ = (
+        "addressed",
+        "arch",
+        "book",
+        "ctx",
+        "intent",
+        "persona",
+        "rng",
+        "sources",
+        "state",
+        "tone",
+        "used",
+        "voice",
+    )
+
+    def __init__(
+        self,
+        book: LineBook,
+        arch: str,
+        state: str,
+        intent: str,
+        tone: str,
+        persona: tuple[str, ...],
+        ctx: dict[str, str],
+        rng: random.Random,
+    ) -> None:
+        self.book, self.arch, self.state, self.intent = book, arch, state, intent
+        self.tone, self.persona, self.ctx, self.rng = tone, persona, ctx, rng
+        self.voice: dict[str, _Source] = {}
+        self.used: set[int] = set()
+        self.addressed = 0  # how often the line names the player ({player} or [address])
+        self.sources: list[_Source] = []
+
+    def expand(self, template: _Template) -> list[str]:
+        out: list[str] = []
+        for part in template:
+            if isinstance(part, str):
+                out.append(part)
+                continue
+            kind, value = part
+            if kind == "slot":
+                out.append("{" + value + "}")
+                self.addressed += value == "player"
+            elif kind == "alt":
+                out.extend(self.expand(self.rng.choice(value)))
+            else:
+                src = self._pick(value)
+                if src is not None:
+                    self.sources.append(src)
+                    out.extend(self.expand(src.template))
+        return out
+
+    def _pick(self, group: str) -> _Source | None:
+        book, rng = self.book, self.rng
+        options: Sequence[_Source]
+        if group == "lead":
+            options = book._leads[self.state]
+        elif group == "coda":
+            options = book._codas[self.state]
+        elif group == "reply":
+            options = book._replies[(self.state, self.intent)]
+        elif group == "tag":
+            options = book._tags[self.arch][self.tone]
+        elif group == "own":
+            options = book._own.get((self.arch, self.state), [])
+        elif group == "mood":
+            options = [s for t in self.persona for s in book._moods[t][self.tone]]
+        elif group == "ctx":
+            slots = [s for s in self.ctx if book._ctx_frags[(s, self.ctx[s])][self.tone]]
+            if not slots:
+                return None
+            slot = rng.choice(slots)
+            options = book._ctx_frags[(slot, self.ctx[slot])][self.tone]
+        elif group in book.context:
+            options = book._ctx_frags[(group, self.ctx[group])][self.tone]
+        elif group in book._phrases:
+            # no phrase twice in one line
+            options = book._phrases[group]
+            choice = rng.choice(options)
+            if id(choice) in self.used:
+                fresh = [o for o in options if id(o) not in self.used]
+                choice = rng.choice(fresh) if fresh else choice
+            self.used.add(id(choice))
+            return choice
+        else:
+            # one address / place / ... per line: a speaker does not switch names mid-line
+            self.addressed += group == "address"
+            if group not in self.voice:
+                self.voice[group] = rng.choice(book._voice[self.arch][group])
+            return self.voice[group]
+        return rng.choice(options) if options else None
+
+
+_SPACE_RE = re.compile(r"\s+")
+_SPACE_PUNCT_RE = re.compile(r"\s+([,.!?;:])")
+_SENTENCE_RE = re.compile(r"(^|[.!?]\s+)([a-z])")
+
+
+def _normalize(text: str) -> str:
+    """Collapse spaces, drop spaces before punctuation, capitalise sentence starts."""
+    text = _SPACE_RE.sub(" ", text).strip()
+    text = _SPACE_PUNCT_RE.sub(r"\1", text)
+    text = re.sub(r",([.!?])", r"\1", text)
+    return _SENTENCE_RE.sub(lambda m: m.group(1) + m.group(2).upper(), text)
+
+
+def lint_line(text: str) -> str | None:
+    """Why an expanded line reads as a template artifact, or None: the first of the glitches
+    :func:`runtime.factory.text_metrics.glitches` finds (doubled punctuation, a doubled word, "a" before
+    a vowel, ...; not "stutter", which is about words outside the book), the same measure
+    ``flashnpc eval`` applies to model lines. Expansion drops
+    such lines; :meth:`LineBook.lint` lists them with the fragments they came from."""
+    found = [k for k in glitches(text) if k != "stutter"]  # the book's own words are words
+    return found[0].replace("_", " ") if found else None
+
+
+def _unknown(kind: str, value: str, known: Sequence[str]) -> str:
+    return f"unknown {kind} {value!r}; known: {', '.join(closest_first(value, known))}"
+
+
+def closest_first(value: str, known: Sequence[str]) -> list[str]:
+    """``known`` reordered with the closest matches to ``value`` first (difflib)."""
+    close = difflib.get_close_matches(value, list(known), n=len(known), cutoff=0.0)
+    return close + [k for k in known if k not in close]
+
+
+def _check_known(kind: str, value: str, known: Sequence[str]) -> None:
+    if value not in known:
+        raise ValueError(_unknown(kind, value, known))
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _read_file(path: Path, raw: _Raw) -> None:
+    file = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise LineBookError(file, 1, "<file>", f"not UTF-8: {exc}") from exc
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else 1
+        raise LineBookError(file, line, "<yaml>", str(exc.problem or exc.context)) from exc
+    if root is None:
+        return
+    rd = _Reader(file)
+    for section, key, value in rd.mapping(root, "<top>"):
+        if section in _MAP_SECTIONS:
+            bucket = raw.sections.setdefault(section, [])
+            for name, nkey, nvalue in rd.mapping(value, section):
+                for other_rd, other_name, other_key, _ in bucket:
+                    if other_name == name:
+                        raise rd.fail(
+                            nkey,
+                            f"{section}.{name}",
+                            f"already defined at {other_rd.file}:{other_key.start_mark.line + 1}",
+                        )
+                bucket.append((rd, name, nkey, nvalue))
+        elif section in _LIST_SECTIONS:
+            rd.seq(value, section)
+            raw.lists.setdefault(section, []).append((rd, value))
+        else:
+            raise rd.fail(
+                key, section, _unknown("section", section, [*_MAP_SECTIONS, *_LIST_SECTIONS])
+            )
+
+
+def load_line_book(path: str | Path | None = None) -> LineBook:
+    """Load and validate a line book: a YAML file, a directory of them, or None for the default."""
+    root = Path(path) if path is not None else DEFAULT_PATH
+    if root.is_dir():
+        files = sorted(p for p in root.iterdir() if p.suffix in (".yaml", ".yml"))
+        if not files:
+            raise LineBookError(str(root), 0, "<directory>", "no .yaml files")
+    elif root.is_file():
+        files = [root]
+    else:
+        raise LineBookError(str(root), 0, "<path>", "no such file or directory")
+    raw = _Raw()
+    for file in files:
+        _read_file(file, raw)
+    return LineBook(raw)
+
+
+def book_constraints(path: str | Path | None = None) -> Constraints:
+    """The line book's banned words, slot rules and slot defaults as
+    :class:`~runtime.client.constraints.Constraints` (no vocabulary or signatures: those need the
+    expanded book, see :func:`runtime.factory.export.write_constraints`). Reads the YAML
+    without expanding templates, so it is fast; ValueError names a file that cannot be read."""
+    from runtime.client.constraints import Constraints, SlotRules
+
+    root = Path(path) if path is not None else DEFAULT_PATH
+    files = sorted(p for p in root.iterdir() if p.suffix in (".yaml", ".yml")) if root.is_dir() else [root]
+    banned: list[str] = []
+    slots: list[str] = []
+    defaults: dict[str, str] = {}
+    rules: dict[str, dict[str, frozenset[str]]] = {"archetypes": {}, "states": {}, "intents": {}}
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    for file in files:
+        try:
+            doc = yaml.load(file.read_text(encoding="utf-8"), Loader=loader) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ValueError(f"{file}: cannot read the line book ({exc})") from exc
+        for word in doc.get("banned_words") or ():
+            if str(word).strip().lower() not in banned:
+                banned.append(str(word).strip().lower())
+        slots += [str(s) for s in doc.get("slots") or () if str(s) not in slots]
+        defaults.update({str(k): str(v) for k, v in (doc.get("slot_defaults") or {}).items()})
+        for section, table in rules.items():
+            for name, spec in (doc.get(section) or {}).items():
+                table[str(name)] = frozenset((spec or {}).get("slots") or ()) if isinstance(spec, dict) else frozenset()
+    return Constraints(banned, SlotRules(tuple(slots), rules["archetypes"], rules["states"], rules["intents"]),
+                       slot_defaults=defaults or None)

@@ -1,0 +1,296 @@
+"""server_sync's commands: ``flashnpc serve`` and ``flashnpc loadtest``.
+
+``flashnpc serve``: run the authoritative world server.
+
+    FLASHNPC_SECRET=... flashnpc serve --world examples/village --db world.sqlite
+    FLASHNPC_SECRET=... flashnpc serve --issue-token alice     # print a token and exit
+
+``--world`` is ``examples/village`` (the default: plugin's example village, served with
+``plugin.World``, trees only) or ``sim:NPCS[:CHANGES_PER_S[:SIZE]]``, the seeded load-test
+village of :func:`server_sync.sync.world.sim_world`.
+
+``--dialogue`` also serves NPC dialogue (:class:`server_sync.dialogue.dialogue_server.DialogueServer`
+over the model in ``--model-dir``, default the shipped one) on its own WebSocket port
+``--dialogue-port`` (default 8767) with /health and /metrics on ``--dialogue-http-port``
+(default 8768); ``--device cpu|cuda`` and ``--max-batch N`` configure its batched engine.
+
+``flashnpc loadtest sync``: load-test the sync server on loopback (see
+:mod:`server_sync.loadtest.sync_loadtest`); ``dialogue`` load-tests ``flashnpc serve
+--dialogue`` (see :mod:`server_sync.loadtest.dialogue_loadtest`).
+
+    flashnpc loadtest sync --clients 5000 --duration 60 --churn 0.2
+    flashnpc loadtest dialogue --sessions 200 --rate 20 --duration 20 [--burst]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+from .transport import aio
+
+__all__ = ["add_loadtest_arguments", "add_serve_arguments", "build_world", "run_loadtest", "run_serve"]
+
+# --------------------------------------------------------------------------- flashnpc serve
+
+ADMIN_TOKEN_ENV = "FLASHNPC_ADMIN_TOKEN"
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (default 127.0.0.1; 0.0.0.0 exposes the server)")
+    parser.add_argument("--port", type=int, default=8765, help="WebSocket port (default 8765)")
+    parser.add_argument("--http-port", type=int, default=8766,
+                        help="HTTP port for /health and /metrics (default 8766; -1: none)")
+    parser.add_argument("--world", default=None,
+                        help="examples/village (the default), or sim:NPCS[:CHANGES_PER_S[:SIZE]]")
+    parser.add_argument("--npcs", type=int, default=10, help="villagers for a directory world")
+    parser.add_argument("--db", default=None,
+                        help="SQLite file for snapshots + journal (recovered on start)")
+    parser.add_argument("--tick-hz", type=float, default=20.0, help="server tick rate")
+    parser.add_argument("--radius", type=float, default=100.0, help="interest radius")
+    parser.add_argument("--ring", type=int, default=64, help="deltas kept per client for resume")
+    parser.add_argument("--grace", type=float, default=30.0,
+                        help="seconds a disconnected client's session waits for a resume")
+    parser.add_argument("--max-frame", type=int, default=4096, help="inbound frame limit (bytes)")
+    parser.add_argument("--rate", type=float, default=20.0, help="inbound messages/s per client")
+    parser.add_argument("--max-outbound", type=int, default=256 * 1024,
+                        help="unsent bytes per client before it is dropped as too slow")
+    parser.add_argument("--snapshot-every", type=float, default=60.0,
+                        help="seconds between world snapshots in --db")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--loop", choices=aio.LOOPS, default="auto",
+                        help="event loop: uvloop where installed (auto), or force one")
+    parser.add_argument("--issue-token", metavar="PLAYER", default=None,
+                        help="print a token for PLAYER (signed with $FLASHNPC_SECRET) and exit")
+    parser.add_argument("--ttl", type=float, default=3600.0, help="token lifetime (seconds)")
+    parser.add_argument("--ready-file", default=None,
+                        help="write 'PORT HTTP_PORT' here once listening (for scripts; with "
+                             "--dialogue followed by 'DIALOGUE_PORT DIALOGUE_HTTP_PORT')")
+    parser.add_argument("--dialogue", action="store_true",
+                        help="also serve NPC dialogue over WebSockets (see docs/protocol.md)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="device of the dialogue model (with --dialogue)")
+    parser.add_argument("--max-batch", type=int, default=256,
+                        help="dialogue engine batch size (with --dialogue)")
+    parser.add_argument("--cpu-threads", type=int, default=1,
+                        help="intra-op threads of the dialogue engine on a CPU (with --dialogue)")
+    parser.add_argument("--engine", choices=["auto", "ort", "torch"], default="auto",
+                        help="dialogue engine: onnxruntime INT4 graph (ort, CPU), PyTorch (torch), "
+                             "or auto: ort on a CPU, torch on a GPU (with --dialogue)")
+    parser.add_argument("--model-dir", default=None,
+                        help="exported model for --dialogue (default: the shipped model)")
+    parser.add_argument("--dialogue-port", type=int, default=8767,
+                        help="dialogue WebSocket port (with --dialogue)")
+    parser.add_argument("--dialogue-http-port", type=int, default=8768,
+                        help="dialogue /health and /metrics port (with --dialogue; -1: none)")
+
+
+def build_world(spec: str | None, *, npcs: int = 10, seed: int = 0) -> Any:
+    """The world named by ``--world`` (see the module docstring; None: the village)."""
+    if spec is not None and spec.startswith("sim"):
+        from .sync.world import sim_world
+
+        parts = spec.split(":")[1:]
+        try:
+            n = int(parts[0]) if parts else 200
+            rate = float(parts[1]) if len(parts) > 1 else 100.0
+            size = float(parts[2]) if len(parts) > 2 else 1000.0
+        except ValueError:
+            raise ValueError(f"--world {spec}: expected sim:NPCS[:CHANGES_PER_S[:SIZE]]") from None
+        return sim_world(n, changes_per_s=rate, size=size, seed=seed)
+    from .sync.plugin_world import village_world
+
+    return village_world(spec, npcs, seed=seed)
+
+
+async def _serve(args: argparse.Namespace, secret: bytes) -> None:
+    from .sync.persistence import Store
+    from .sync.server import ServerConfig, SyncServer
+
+    world = build_world(args.world, npcs=args.npcs, seed=args.seed)
+    store = Store(args.db) if args.db else None
+    config = ServerConfig(
+        secret=secret, host=args.host, port=args.port,
+        http_port=None if args.http_port < 0 else args.http_port, tick_hz=args.tick_hz,
+        radius=args.radius, ring_size=args.ring, grace_s=args.grace, max_frame=args.max_frame,
+        rate_per_s=args.rate, rate_burst=2 * args.rate, max_outbound_bytes=args.max_outbound,
+        snapshot_every_s=args.snapshot_every,
+        admin_token=os.environ.get(ADMIN_TOKEN_ENV) or None)
+    server = SyncServer(world, config, store)
+    dialogue = _dialogue_server(args, secret) if args.dialogue else None
+    await server.start()
+    print(f"flashnpc serve: ws://{args.host}:{server.port}  http://{args.host}:{server.http_port}"
+          f"  epoch {server.core.epoch}", flush=True)
+    ready = f"{server.port} {server.http_port}"
+    if dialogue is not None:
+        await dialogue.start()
+        print(f"flashnpc serve: dialogue ws://{args.host}:{dialogue.port}  "
+              f"http://{args.host}:{dialogue.http_port}  ({args.device}, max batch "
+              f"{args.max_batch})", flush=True)
+        ready += f" {dialogue.port} {dialogue.http_port}"
+    if args.ready_file:
+        with open(args.ready_file + ".tmp", "w") as f:
+            f.write(ready + "\n")
+        os.replace(args.ready_file + ".tmp", args.ready_file)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    if dialogue is not None:
+        await dialogue.stop()
+    await server.stop()
+
+
+def _dialogue_server(args: argparse.Namespace, secret: bytes) -> Any:
+    try:
+        from runtime.serving.dialogue_service import DialogueService
+    except ImportError as exc:  # torch is an extra: a game client never installs it
+        raise ValueError(f"--dialogue needs PyTorch (pip install 'flashnpc[gpu]'; on the "
+                         f"project machines torch==2.13.0): {exc}") from exc
+
+    from .dialogue.dialogue_server import DialogueConfig, DialogueServer
+
+    if args.cpu_threads < 1:
+        raise ValueError(f"--cpu-threads must be >= 1, got {args.cpu_threads}")
+    service = DialogueService.load(args.model_dir, device=args.device, max_batch=args.max_batch,
+                                   engine=args.engine, cpu_threads=args.cpu_threads)
+    return DialogueServer(service, DialogueConfig(
+        secret=secret, host=args.host, port=args.dialogue_port,
+        http_port=None if args.dialogue_http_port < 0 else args.dialogue_http_port,
+        max_frame=args.max_frame, rate_per_s=args.rate, rate_burst=2 * args.rate,
+        max_outbound_bytes=args.max_outbound))
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from .transport.auth import issue_token, secret_from_env
+
+    try:
+        secret = secret_from_env()
+    except ValueError as exc:
+        print(f"flashnpc serve: {exc}", file=sys.stderr)
+        return 2
+    if args.issue_token:
+        print(issue_token(secret, args.issue_token, ttl_s=args.ttl))
+        return 0
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        aio.run(_serve(args, secret), loop=args.loop)
+    except (ValueError, FileNotFoundError, OSError) as exc:
+        print(f"flashnpc serve: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+# --------------------------------------------------------------------------- flashnpc loadtest
+
+def add_loadtest_arguments(parser: argparse.ArgumentParser) -> None:
+    from .loadtest.sync_loadtest import LoadConfig
+
+    d = LoadConfig()
+    parser.add_argument("target", choices=["sync", "dialogue"], help="what to load-test")
+    parser.add_argument("--clients", type=int, default=d.clients)
+    parser.add_argument("--duration", type=float, default=d.duration, help="seconds measured")
+    parser.add_argument("--churn", type=float, default=d.churn,
+                        help="share of clients that drop and resume during the run")
+    parser.add_argument("--npcs", type=int, default=d.npcs)
+    parser.add_argument("--changes", type=float, default=d.changes,
+                        help="NPC state changes per second, world-wide")
+    parser.add_argument("--size", type=float, default=d.size, help="map side")
+    parser.add_argument("--radius", type=float, default=d.radius, help="interest radius")
+    parser.add_argument("--tick-hz", type=float, default=d.tick_hz)
+    parser.add_argument("--procs", type=int, default=d.procs, help="client worker processes")
+    parser.add_argument("--move-hz", type=float, default=d.move_hz,
+                        help="move intents per client per second")
+    parser.add_argument("--connect-rate", type=float, default=d.connect_rate,
+                        help="new connections per second during the ramp")
+    parser.add_argument("--codec", choices=["msgpack", "json"], default=d.codec)
+    parser.add_argument("--no-db", action="store_true", help="run the server without SQLite")
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--client-nice", type=int, default=d.client_nice,
+                        help="niceness of the client worker processes (0: same as the server)")
+    parser.add_argument("--loop", choices=aio.LOOPS, default="auto",
+                        help="event loop of the server and the clients (auto: uvloop if installed)")
+    parser.add_argument("--client-gc-freeze", type=float, default=d.client_gc_freeze_s,
+                        metavar="S", help="client workers freeze GC survivors every S seconds "
+                                          "(0: CPython's default collections)")
+    parser.add_argument("--profile-server", default=None, metavar="FILE",
+                        help="run the server under cProfile and write its stats to FILE")
+    parser.add_argument("--out", default=None,
+                        help=f"directory for report.json and plot.png (default {d.out}, "
+                             f"dialogue: runs/loadtest_dialogue)")
+    g = parser.add_argument_group("dialogue")
+    g.add_argument("--sessions", type=int, default=200, help="dialogue sessions")
+    g.add_argument("--rate", type=float, default=20.0, help="line requests/s, all sessions")
+    g.add_argument("--no-stream", action="store_true",
+                   help="ask for whole lines instead of streamed pieces (no TTFT/ITL figures)")
+    g.add_argument("--burst", action="store_true",
+                   help="all sessions ask at once, one wave every sessions/rate seconds")
+    g.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    g.add_argument("--max-batch", type=int, default=64)
+    g.add_argument("--engine", choices=["auto", "ort", "torch"], default="auto",
+                   help="the server's dialogue engine (auto: onnxruntime on a CPU)")
+    g.add_argument("--cpu-threads", type=int, default=1,
+                   help="the server engine's intra-op threads on a CPU")
+    g.add_argument("--model-dir", default=None, help="exported model (default: the shipped one)")
+    g.add_argument("--deadline-ms", type=int, default=1000, help="deadline of each request")
+    g.add_argument("--slo-ttft-ms", type=float, default=200.0, help="goodput SLO on TTFT")
+    g.add_argument("--slo-e2el-ms", type=float, default=1000.0, help="goodput SLO on E2EL")
+
+
+def run_loadtest(args: argparse.Namespace) -> int:
+    if args.target == "dialogue":
+        return _run_dialogue(args)
+    from .loadtest.sync_loadtest import LoadConfig
+    from .loadtest.sync_loadtest import run_loadtest as run_sync_loadtest
+
+    if args.out is None:
+        args.out = LoadConfig().out
+
+    if not 0.0 <= args.churn <= 1.0 or args.clients < 1 or args.procs < 1:
+        print("flashnpc loadtest: need --clients >= 1, --procs >= 1 and 0 <= --churn <= 1")
+        return 2
+    cfg = LoadConfig(clients=args.clients, duration=args.duration, churn=args.churn,
+                     npcs=args.npcs, changes=args.changes, size=args.size, radius=args.radius,
+                     tick_hz=args.tick_hz, procs=args.procs, move_hz=args.move_hz,
+                     connect_rate=args.connect_rate, codec=args.codec, db=not args.no_db,
+                     seed=args.seed, out=args.out,
+                     client_nice=args.client_nice, profile_server=args.profile_server,
+                     loop=args.loop, client_gc_freeze_s=args.client_gc_freeze)
+    report = run_sync_loadtest(cfg)
+    summary = {k: v for k, v in report.items() if k not in ("timeline", "config")}
+    print(json.dumps(summary, indent=2))
+    print(f"report: {cfg.out}/report.json  plot: {cfg.out}/plot.png")
+    return 0 if report["zero_lost_updates"] else 1
+
+
+def _run_dialogue(args: argparse.Namespace) -> int:
+    from .loadtest.dialogue_loadtest import DialogueLoadConfig, run_dialogue_loadtest
+
+    d = DialogueLoadConfig()
+    cfg = DialogueLoadConfig(sessions=args.sessions, rate=args.rate, duration=args.duration,
+                             burst=args.burst, stream=not args.no_stream, procs=args.procs,
+                             device=args.device,
+                             max_batch=args.max_batch, engine=args.engine,
+                             cpu_threads=args.cpu_threads,
+                             model_dir=args.model_dir,
+                             deadline_ms=args.deadline_ms, slo_ttft_ms=args.slo_ttft_ms,
+                             slo_e2el_ms=args.slo_e2el_ms, seed=args.seed,
+                             out=args.out or d.out)
+    try:
+        report = run_dialogue_loadtest(cfg)
+    except ValueError as exc:
+        print(f"flashnpc loadtest dialogue: {exc}")
+        return 2
+    print(json.dumps({k: v for k, v in report.items() if k != "config"}, indent=2))
+    print(f"report: {cfg.out}/report.json  plot: {cfg.out}/plot.png")
+    return 0 if report["errors"] == 0 else 1

@@ -1,0 +1,194 @@
+"""The asyncio layer: WebSocket game protocol plus an HTTP side port, over :class:`SyncCore`.
+
+Connections run on :mod:`server_sync.transport.ws_io` (websockets' sans-I/O server protocol under an
+asyncio.Protocol): every inbound message is handled synchronously as it arrives, with no
+task per connection, behind the gate it shares with the dialogue server
+(:mod:`server_sync.transport.gate`: hello with a valid token within ``hello_timeout_s``, 1009 size
+limit, rate limit, schema validation, ``error`` + close on any violation, ``slow_consumer``
+past ``max_outbound_bytes``). A client's frames of a tick go out in one write.
+
+HTTP (aiohttp, ``http_port``): ``/health`` (``ready`` or ``degraded`` with reasons),
+``/metrics`` (Prometheus text format), and with an ``admin_token`` the load-test hooks
+``/admin/stats``, ``/admin/areas`` and ``POST /admin/freeze`` (header
+``Authorization: Bearer <admin_token>``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from ..transport.gate import GateConfig, GateConn, GatedServer, RateBucket, close_with, ws_frame
+from ..transport.wire import PROTOCOL_VERSION, Codec
+from ..transport.ws_io import WsServerConnection
+from .core import Session, SyncCore
+from .persistence import Store
+from .protocol import decode_client
+from .world import SyncWorld
+
+# RateBucket, close_with and ws_frame live in server_sync.transport.gate; re-exported for old imports
+__all__ = ["RateBucket", "ServerConfig", "SyncServer", "close_with", "ws_frame"]
+
+log = logging.getLogger("flashnpc.server_sync")
+
+
+@dataclass
+class ServerConfig(GateConfig):
+    """The gate's settings (:class:`server_sync.transport.gate.GateConfig`) plus the world's."""
+
+    port: int = 8765
+    http_port: int | None = 8766
+    tick_hz: float = 20.0
+    radius: float = 100.0
+    ring_size: int = 64
+    grace_s: float = 30.0
+    snapshot_every_s: float = 60.0
+    admin_token: str | None = None
+
+
+class SyncServer(GatedServer):
+    """Serve ``world`` per ``config``; ``store`` adds persistence (and recovery)."""
+
+    protocol_version = PROTOCOL_VERSION
+
+    def __init__(self, world: SyncWorld, config: ServerConfig, store: Store | None = None) -> None:
+        super().__init__(config)
+        self.config: ServerConfig = config
+        self.core = SyncCore(world, radius=config.radius, ring_size=config.ring_size,
+                             grace_s=config.grace_s, store=store,
+                             snapshot_every_s=config.snapshot_every_s)
+        self.store = store
+        self.conns: dict[str, WsServerConnection] = {}  # player -> its live connection
+        self.tick_seconds = 0.0  # duration of the last tick (world step to frames written)
+        self.tick_history: deque[float] = deque(maxlen=4096)
+        self.tick_overruns = 0
+        self.started_at = time.time()
+        self.last_tick_error: tuple[float, str] | None = None
+        self._http_runner: Any = None
+        self._tick_task: asyncio.Task[None] | None = None
+        self.http_port: int | None = None
+
+    # ---- lifecycle -----------------------------------------------------------------------
+    async def start(self) -> None:
+        c = self.config
+        await self.listen()
+        if c.http_port is not None:
+            from .http_port import start_http
+            self._http_runner, self.http_port = await start_http(self, c.host, c.http_port)
+        self._tick_task = asyncio.get_running_loop().create_task(self._tick_loop())
+        self.gc.start()
+
+    async def stop(self) -> None:
+        self.gc.stop()
+        if self._tick_task is not None:
+            self._tick_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._tick_task
+        await self.close_all(ws.state for ws in self.conns.values())
+        if self._http_runner is not None:
+            await self._http_runner.cleanup()
+        if self.store is not None:
+            self.store.close()
+
+    async def __aenter__(self) -> SyncServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ---- health --------------------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        reasons = []
+        period = 1.0 / self.config.tick_hz
+        if self._tick_task is None or self._tick_task.done():
+            reasons.append("tick loop not running")
+        if self.last_tick_error is not None and time.time() - self.last_tick_error[0] < 60:
+            reasons.append(f"a tick failed in the last minute: {self.last_tick_error[1]}")
+        if self.tick_seconds > period:
+            reasons.append(f"last tick took {self.tick_seconds * 1000:.0f} ms "
+                           f"(budget {period * 1000:.0f} ms)")
+        return {"status": "degraded" if reasons else "ready", "reasons": reasons,
+                "clients": len(self.conns), "sessions": len(self.core.sessions),
+                "epoch": self.core.epoch}
+
+    # ---- ticking -------------------------------------------------------------------------
+    async def _tick_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        period = 1.0 / self.config.tick_hz
+        next_at = loop.time()
+        last = time.time()
+        while True:
+            next_at += period
+            delay = next_at - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                self.tick_overruns += 1
+                next_at = loop.time()  # fell behind: do not burst to catch up
+                await asyncio.sleep(0)
+            t0 = time.perf_counter()
+            now = time.time()
+            dt, last = min(now - last, 0.25), now
+            try:
+                out = self.core.tick(dt, now)
+            except Exception as exc:  # e.g. the database is full: say so on /health
+                log.exception("tick failed")
+                self.errors["tick_failed"] += 1
+                self.last_tick_error = (time.time(), repr(exc))
+                continue
+            for s in out:
+                self._flush(s)
+            self.tick_seconds = time.perf_counter() - t0
+            self.tick_history.append(self.tick_seconds)
+            self.gc.step()
+
+    def _flush(self, s: Session) -> None:
+        ws = self.conns.get(s.player_id)
+        frames, s.outbox = s.outbox, []
+        if ws is not None:  # one write (one send syscall) per client per flush
+            self.write(ws.state, b"".join(ws_frame(f) for f in frames), len(frames))
+
+    # ---- connections (the gate's hooks) --------------------------------------------------
+    def decode(self, frame: bytes | str) -> tuple[dict[str, Any], Codec]:
+        return decode_client(frame)
+
+    def new_conn(self, ws: WsServerConnection, timer: asyncio.TimerHandle) -> _Conn:
+        return _Conn(ws, timer)
+
+    def welcome(self, conn: GateConn, hello: dict[str, Any]) -> None:
+        assert isinstance(conn, _Conn) and conn.player is not None
+        old = self.conns.pop(conn.player, None)
+        if old is not None:  # often a dropped link the server has not noticed yet
+            self.kick(old.state, "replaced", "player connected again", notify=True)
+        conn.session = self.core.hello(conn.player, hello, conn.codec)
+        self.conns[conn.player] = conn.ws
+        self._flush(conn.session)
+
+    def handle(self, conn: GateConn, msg: dict[str, Any]) -> None:
+        s = conn.session  # type: ignore[attr-defined]
+        self.core.receive(s, msg)
+        if s.outbox:
+            self._flush(s)
+
+    def bye(self, conn: GateConn) -> None:
+        self.core.drop(conn.session)  # type: ignore[attr-defined]
+
+    def closed(self, conn: GateConn) -> None:
+        s = conn.session  # type: ignore[attr-defined]
+        if s is not None and self.conns.get(s.player_id) is conn.ws:
+            del self.conns[s.player_id]
+            if self.core.sessions.get(s.player_id) is s:
+                self.core.detach(s, time.time())
+
+
+@dataclass(eq=False)
+class _Conn(GateConn):
+    """A sync connection: the gate's state plus its session once the hello is accepted."""
+
+    session: Session | None = None

@@ -1,0 +1,194 @@
+"""The default line book: size, coverage, determinism, split and fallbacks."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+
+import pytest
+
+from runtime.factory.linebook import Example, LineBook, load_line_book
+
+SLOT_RE = re.compile(r"\{(\w+)\}")
+
+
+@pytest.fixture(scope="module")
+def book() -> LineBook:
+    return load_line_book()
+
+
+@pytest.fixture(scope="module")
+def examples(book: LineBook) -> list[Example]:
+    return book.examples()
+
+
+def test_catalog_covers_the_required_vocabulary(book: LineBook) -> None:
+    cat = book.catalog()
+    assert set(cat) == {"archetypes", "persona_traits", "states", "intents", "context", "slots"}
+    assert len(cat["archetypes"]) >= 10
+    assert {
+        "guard",
+        "merchant",
+        "innkeeper",
+        "blacksmith",
+        "farmer",
+        "priest",
+        "thief",
+        "noble",
+        "child",
+        "sailor",
+    } <= set(cat["archetypes"])
+    assert len(cat["states"]) >= 8
+    assert len(cat["intents"]) >= 6
+    assert {
+        "approach",
+        "greet",
+        "ask_directions",
+        "ask_rumors",
+        "trade",
+        "threaten",
+        "farewell",
+    } <= set(cat["intents"])
+    assert {"time_of_day", "weather", "reputation", "recent_event"} <= set(cat["context"])
+    assert cat["slots"] == ["player", "location", "item"]
+    assert 10 <= len(cat["persona_traits"]) <= 16
+
+
+def test_default_book_expands_to_at_least_50000_distinct_lines(examples: list[Example]) -> None:
+    assert len({e.text for e in examples}) >= 50_000
+
+
+def test_no_text_is_used_for_two_states(examples: list[Example]) -> None:
+    states: dict[str, set[str]] = defaultdict(set)
+    for e in examples:
+        states[e.text].add(e.state)
+    assert all(len(s) == 1 for s in states.values())
+
+
+def test_every_condition_is_covered(book: LineBook, examples: list[Example]) -> None:
+    counts = Counter((e.archetype, e.state, e.intent) for e in examples)
+    for arch in book.archetypes:
+        for state in book.states:
+            for intent in book.intents:
+                assert counts[(arch, state, intent)] >= 50, (arch, state, intent)
+
+
+def test_lines_are_short_clean_and_use_only_allowed_slots(
+    book: LineBook, examples: list[Example]
+) -> None:
+    banned = re.compile(
+        r"(?<![a-z])(?:" + "|".join(map(re.escape, book.banned_words)) + r")(?![a-z])"
+    )
+    allowed_cache: dict[tuple[str, str, str], set[str]] = {}
+    for e in examples:
+        assert 3 <= len(e.text.split()) <= 24, e.text
+        assert not re.search(r"[\[\]()|]", e.text), e.text
+        lower = e.text.lower()
+        assert not banned.search(lower), e.text
+        key = (e.archetype, e.state, e.intent)
+        if key not in allowed_cache:
+            allowed_cache[key] = book.allowed_slots(*key)
+        assert set(SLOT_RE.findall(e.text)) <= allowed_cache[key], e
+
+
+def test_examples_carry_sorted_persona_and_any_subset_of_the_context(
+    book: LineBook, examples: list[Example]
+) -> None:
+    for e in examples[::97]:
+        assert 0 <= len(e.persona) <= 2
+        assert list(e.persona) == sorted(e.persona)
+        assert all(t in book.persona_traits for t in e.persona)
+        keys = [k for k, _ in e.context]
+        assert keys == sorted(keys) and set(keys) <= set(book.context)
+        assert all(v in book.context[k] for k, v in e.context)
+    # every prompt shape the games send is trained: 0, 1 and 2 traits; 0 to 4 context slots
+    assert {len(e.persona) for e in examples} == {0, 1, 2}
+    assert {len(e.context) for e in examples} == set(range(len(book.context) + 1))
+
+
+def test_a_prompt_without_a_slot_gets_no_line_that_voices_it(
+    book: LineBook, examples: list[Example]
+) -> None:
+    sig = book.signatures()
+    for e in examples[::13]:
+        asked = {f"context:{k}={v}" for k, v in e.context} | {f"persona:{t}" for t in e.persona}
+        words = " ".join(re.findall(r"[a-z]+(?:'[a-z]+)?", e.text.lower()))
+        for tag, phrases in sig.items():
+            if tag.startswith("archetype:") or tag in asked:
+                continue
+            hit = [p for p in phrases if re.search(rf"(?<![a-z']){re.escape(p)}(?![a-z'])", words)]
+            assert not hit, (e, tag, hit)
+
+
+def test_context_fragments_match_the_example_context(examples: list[Example]) -> None:
+    # "Snow again, look." is written only for weather=snow; "Quiet night so far." only for night.
+    snow = [e for e in examples if "Snow again, look." in e.text]
+    night = [e for e in examples if "Quiet night so far." in e.text]
+    assert snow and night
+    assert all(dict(e.context)["weather"] == "snow" for e in snow)
+    assert all(dict(e.context)["time_of_day"] == "night" for e in night)
+
+
+def test_persona_fragments_match_the_example_persona(examples: list[Example]) -> None:
+    pious = [e for e in examples if "Blessings upon you." in e.text]
+    assert pious
+    assert all("pious" in e.persona for e in pious)
+
+
+def test_archetype_voice_reaches_every_state(examples: list[Example]) -> None:
+    sailor_states = {e.state for e in examples if e.archetype == "sailor" and "matey" in e.text}
+    assert len(sailor_states) == 8
+
+
+def test_split_is_deterministic_disjoint_and_holds_out_pairs(book: LineBook) -> None:
+    a, b = book.split(seed=0), book.split(seed=0)
+    assert [e.text for e in a.train[:200]] == [e.text for e in b.train[:200]]
+    assert len(a.train) == len(b.train)
+    pairs = set(a.heldout_pairs)
+    assert 8 <= len(pairs) <= 12
+    assert {(e.archetype, e.state) for e in a.heldout} == pairs
+    seen = a.train + a.val + a.test
+    assert not any((e.archetype, e.state) in pairs for e in seen)
+    heldout_texts = {e.text for e in a.heldout}
+    assert not heldout_texts & {e.text for e in seen}
+    train_texts = {e.text for e in a.train}
+    assert not train_texts & {e.text for e in a.val}
+    assert not train_texts & {e.text for e in a.test}
+    n = len(seen)
+    assert 0.85 < len(a.train) / n < 0.95
+    other = book.split(seed=1)
+    assert {e.text for e in other.val} != {e.text for e in a.val}
+
+
+def test_training_split_still_covers_every_archetype_and_state(book: LineBook) -> None:
+    split = book.split()
+    pairs = {(e.archetype, e.state) for e in split.train}
+    for arch in book.archetypes:
+        assert sum((arch, s) in pairs for s in book.states) >= len(book.states) - 2
+    for state in book.states:
+        assert sum((a, state) in pairs for a in book.archetypes) >= len(book.archetypes) - 3
+
+
+def test_fallback_lines_exist_for_every_archetype_and_state(book: LineBook) -> None:
+    fallbacks = book.fallback_lines()
+    assert set(fallbacks) == {(a, s) for a in book.archetypes for s in book.states}
+    for key, lines in fallbacks.items():
+        assert lines, key
+        for line in lines:
+            assert not re.search(r"[\[\]()|]", line), line
+            assert 1 <= len(line.split()) <= 12, line
+    assert any("matey" in line for line in fallbacks[("sailor", "alert")])
+    assert fallbacks[("child", "combat")][0] == "Take that! And that!"
+
+
+def test_allowed_slots_follow_the_intent(book: LineBook) -> None:
+    assert "location" in book.allowed_slots("guard", "patrol", "ask_directions")
+    assert "item" in book.allowed_slots("merchant", "working", "trade")
+    assert "item" not in book.allowed_slots("merchant", "working", "greet")
+    with pytest.raises(ValueError, match=r"unknown archetype 'gaurd'; known: guard"):
+        book.allowed_slots("gaurd", "patrol", "greet")
+
+
+def test_expansion_is_deterministic_across_loads(examples: list[Example]) -> None:
+    again = load_line_book().examples()
+    assert again == examples
