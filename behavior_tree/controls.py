@@ -104,9 +104,16 @@ class Sequence(ControlNode):
 
 
 class SequenceWithMemory(ControlNode):
-    """Like Sequence, but a FAILURE does not reset the progress: the next tick
-    retries the child that failed, without re-ticking the ones that succeeded.
-    (As in BT.CPP, halting does not reset it either.)"""
+    """Like Sequence, but a FAILURE does not reset the progress: the next tick retries
+    the child that failed, without re-ticking the ones that succeeded.
+
+    As in BT.CPP 4.10, a child that started and succeeded within one tick hands
+    control back when more children remain: the node returns RUNNING and the next
+    tick goes on with the next child. A child that was RUNNING and now succeeds lets
+    the next child run in the same tick.
+
+    Halt: halts the running child and keeps the position (as BT.CPP since 4.4.1).
+    """
 
     __slots__ = ("idx", "skipped")
     initial_state = (("idx", 0), ("skipped", 0))
@@ -122,9 +129,13 @@ class SequenceWithMemory(ControlNode):
             self.skipped = 0
         while self.idx < n:
             child = children[self.idx]
+            was_idle = child.status is IDLE
             st = child.tick()
             if st is SUCCESS:
                 self.idx += 1
+                if was_idle and self.idx < n:
+                    self.status = RUNNING
+                    return RUNNING
             elif st is RUNNING:
                 self.status = RUNNING
                 return RUNNING
@@ -150,8 +161,11 @@ class ReactiveSequence(ControlNode):
 
     FAILURE of any child resets all and fails. When a child is RUNNING, all the
     other children are halted (so a later child that was RUNNING is
-    interrupted when an earlier condition changes) and the node is RUNNING.
-    At most one child may be asynchronous (checked at load time).
+    interrupted when an earlier one starts running) and the node is RUNNING.
+    Any number of children may be asynchronous, as in BT.CPP 4.10: at most one
+    of them is RUNNING after a tick.
+
+    Halt: halts the running child.
     """
 
     __slots__ = ("running",)
@@ -244,7 +258,10 @@ class ReactiveFallback(ControlNode):
 
     SUCCESS of a child resets all and succeeds. A RUNNING child halts all the
     others (a higher-priority branch that starts running preempts a lower one)
-    and the node is RUNNING. At most one child may be asynchronous.
+    and the node is RUNNING: the priority selector, with any number of
+    asynchronous branches (BT.CPP 4.10).
+
+    Halt: halts the running child.
     """
 
     __slots__ = ("running",)

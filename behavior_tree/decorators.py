@@ -78,18 +78,25 @@ class ForceFailure(_OutcomeMap):
 
 
 class Repeat(DecoratorNode):
-    """Runs the child ``num_cycles`` times while it succeeds (SUCCESS after the
-    last one; a FAILURE fails at once and resets the count). Several cycles
-    may complete within one tick. ``num_cycles=-1`` repeats forever and returns
-    RUNNING after each success (one cycle per tick) so it never spins."""
+    """Runs the child ``num_cycles`` times while it succeeds (``-1``: forever); SUCCESS
+    after the last cycle, FAILURE as soon as the child fails (the count restarts).
+
+    As in BT.CPP 4.10, a cycle that started and finished within one tick (a
+    synchronous child) hands control back: the node returns RUNNING and the next
+    tick runs the next cycle, so other branches are re-checked and a loop never
+    spins. A child that was RUNNING and now succeeds goes straight on to the next
+    cycle in the same tick. A skipped child skips the node (the count is kept).
+
+    Halt: halts the child and restarts the count.
+    """
 
     __slots__ = ("count",)
     ports = (InputPort("num_cycles", type=int, description="repetitions, -1 = forever"),)
 
     @staticmethod
     def async_with(values: dict[str, object]) -> bool:
-        """Repeating forever (or a count read from the blackboard) returns RUNNING by itself."""
-        return values.get("num_cycles", -1) == -1
+        """More than one cycle (or a count read from the blackboard) returns RUNNING."""
+        return values.get("num_cycles", -1) not in (0, 1)
 
     initial_state = (("count", 0),)
 
@@ -97,11 +104,12 @@ class Repeat(DecoratorNode):
         cycles = self.get_input("num_cycles")
         child = self.child
         while cycles == -1 or self.count < cycles:
+            was_idle = child.status is IDLE
             st = child.tick()
             if st is SUCCESS:
                 self.count += 1
                 _reset_child(self)
-                if cycles == -1:
+                if was_idle and (cycles == -1 or self.count < cycles):
                     self.status = RUNNING
                     return RUNNING
             elif st is RUNNING:
@@ -121,16 +129,20 @@ class Repeat(DecoratorNode):
 
 
 class RetryUntilSuccessful(DecoratorNode):
-    """Runs the child again after each FAILURE, up to ``num_attempts`` attempts
-    (-1: forever, one attempt per tick); SUCCESS as soon as the child succeeds,
-    FAILURE when the attempts are used up."""
+    """Runs the child again after each FAILURE, up to ``num_attempts`` attempts (``-1``:
+    forever); SUCCESS as soon as the child succeeds, FAILURE when the attempts are
+    used up. An attempt that started and failed within one tick hands control back
+    (RUNNING; the next tick makes the next attempt), as in BT.CPP 4.10.
+
+    Halt: halts the child and restarts the count of attempts.
+    """
 
     __slots__ = ("attempts",)
     ports = (InputPort("num_attempts", type=int, description="attempts, -1 = forever"),)
 
     @staticmethod
     def async_with(values: dict[str, object]) -> bool:
-        return values.get("num_attempts", -1) == -1
+        return values.get("num_attempts", -1) not in (0, 1)
 
     initial_state = (("attempts", 0),)
 
@@ -138,6 +150,7 @@ class RetryUntilSuccessful(DecoratorNode):
         limit = self.get_input("num_attempts")
         child = self.child
         while limit == -1 or self.attempts < limit:
+            was_idle = child.status is IDLE
             st = child.tick()
             if st is SUCCESS:
                 self.attempts = 0
@@ -147,7 +160,7 @@ class RetryUntilSuccessful(DecoratorNode):
             if st is FAILURE:
                 self.attempts += 1
                 _reset_child(self)
-                if limit == -1:
+                if was_idle and (limit == -1 or self.attempts < limit):
                     self.status = RUNNING
                     return RUNNING
             elif st is RUNNING:

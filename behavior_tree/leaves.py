@@ -26,8 +26,12 @@ class AlwaysFailure(ActionNode):
         return FAILURE
 
 
+_EMPTY = object()
+
+
 class SetBlackboard(ActionNode):
-    """``<SetBlackboard output_key="key" value="literal or {other}"/>``: copies value to key."""
+    """``<SetBlackboard output_key="key" value="literal or {other}"/>``: copies value to
+    key; FAILURE when ``value`` names a key that has no value."""
 
     __slots__ = ()
     ports = (
@@ -36,7 +40,11 @@ class SetBlackboard(ActionNode):
     )
 
     def tick(self) -> Status:
-        self.blackboard.set(self.get_input("output_key"), self.get_input("value"))
+        value = self.get_input("value", _EMPTY)
+        if value is _EMPTY:  # value="{key}" and the key has no value: FAILURE, as BT.CPP
+            self.status = FAILURE
+            return FAILURE
+        self.blackboard.set(self.get_input("output_key"), value)
         self.status = SUCCESS
         return SUCCESS
 

@@ -25,7 +25,8 @@ class LoopNode(DecoratorNode):
     ``queue`` is a literal (``"a;b;c"``, items converted to the node's type) or a
     blackboard key holding a ``collections.deque`` (popped in place, so the
     blackboard sees the queue shrink, as BT.CPP's SharedQueue), a list or tuple
-    (copied when the loop starts), or a ``;``-separated string. One element per
+    (copied when the loop starts), or a ``;``-separated string; a key without a
+    value raises BlackboardError out of the tick, as BT.CPP throws. One element per
     tick: after each child SUCCESS the node returns RUNNING, and on the tick after
     the last element it returns ``if_empty`` (SUCCESS, FAILURE or SKIPPED; also
     what an empty queue gives at once). A child FAILURE fails the loop.
@@ -47,8 +48,8 @@ class LoopNode(DecoratorNode):
                 self.current = parse_queue(str(b.value), self.item_type)
         if not self.child_running:
             b = self.spec.bindings["queue"]
-            if b.key is not None:
-                self._read_queue(self.blackboard.get(b.key, None))
+            if b.key is not None:  # a missing key is an error, as in BT.CPP
+                self._read_queue(self.blackboard.get(b.key))
             q = self.current
             if q:
                 self.set_output("value", q.popleft())
@@ -71,7 +72,7 @@ class LoopNode(DecoratorNode):
     def _read_queue(self, value: Any) -> None:
         if isinstance(value, deque):
             self.current = value  # shared: popped in place
-        elif self.current is not None or value is None:
+        elif self.current is not None:
             return
         elif isinstance(value, str):
             self.current = parse_queue(value, self.item_type)

@@ -58,8 +58,8 @@ class TreeNode:
 
     Class attributes describe the node type: ``ports`` (declared ports),
     ``kind`` ("action", "condition", "control", "decorator" or "subtree"),
-    ``is_async`` (may return RUNNING on its own across ticks: reactive
-    controls accept at most one such child), ``min_children``/``max_children``.
+    ``is_async`` (may return RUNNING on its own across ticks; informative, shown by
+    tools), ``min_children``/``max_children``.
     """
 
     __slots__ = ("blackboard", "spec", "status", "tree")

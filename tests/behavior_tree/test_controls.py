@@ -44,11 +44,22 @@ def test_sequence_with_memory_retries_the_failed_child_only(factory, probes):
     probes.action("A", "B", "C")
     tree = factory.create_tree(wrap("<SequenceWithMemory><A/><B/><C/></SequenceWithMemory>"))
     probes.set(B=F)
+    assert tree.tick() is R  # A succeeded at once: control handed back (BT.CPP 4.10)
     assert tree.tick() is F
     probes.reset_counts()
     probes.set(B=S)
-    assert tree.tick() is S
+    assert [tree.tick(), tree.tick()] == [R, S]
     assert probes.ticks == {"B": 1, "C": 1}  # A already succeeded: not ticked again
+
+
+def test_sequence_with_memory_goes_on_in_the_same_tick_after_a_running_child(factory, probes):
+    probes.action("A", "B", "C")
+    tree = factory.create_tree(wrap("<SequenceWithMemory><A/><B/><C/></SequenceWithMemory>"))
+    probes.set(A=R)
+    assert tree.tick() is R
+    probes.set(A=S)
+    assert tree.tick() is R and probes.log == ["A", "A", "B"]  # B was idle: yields after it
+    assert tree.tick() is S
 
 
 def test_reactive_sequence_rechecks_conditions_and_halts_the_running_action(factory, probes):

@@ -27,10 +27,11 @@ def test_status_rewriting_decorators(factory, probes, tag, child, expected):
     assert tree.find("A").status is (R if child is R else IDLE)
 
 
-def test_repeat_runs_the_child_n_times_within_one_tick_when_it_succeeds_at_once(factory, probes):
+def test_repeat_hands_control_back_after_each_synchronous_cycle(factory, probes):
+    # BT.CPP 4.10: a cycle that started and finished in one tick ends the tick (RUNNING)
     probes.action("A")
     tree = factory.create_tree(wrap('<Repeat num_cycles="3"><A/></Repeat>'))
-    assert tree.tick() is S
+    assert [tree.tick() for _ in range(3)] == [R, R, S]
     assert probes.ticks["A"] == 3
 
 
@@ -40,8 +41,9 @@ def test_repeat_counts_across_ticks_and_fails_fast(factory, probes):
     probes.set(A=R)
     assert tree.tick() is R
     probes.set(A=S)
-    assert tree.tick() is S  # cycle 1 finishes, cycles 2 and 3 run in the same tick
-    assert probes.ticks["A"] == 4
+    assert tree.tick() is R  # cycle 1 finishes, cycle 2 runs at once and hands back
+    assert probes.ticks["A"] == 3
+    assert tree.tick() is S and probes.ticks["A"] == 4
     probes.reset_counts()
     probes.set(A=F)
     assert tree.tick() is F and probes.ticks["A"] == 1
@@ -59,13 +61,13 @@ def test_retry_until_successful_counts_attempts(factory, probes):
     probes.action("A")
     probes.set(A=F)
     tree = factory.create_tree(wrap('<RetryUntilSuccessful num_attempts="3"><A/></RetryUntilSuccessful>'))
-    assert tree.tick() is F
+    assert [tree.tick() for _ in range(3)] == [R, R, F]  # one attempt per tick
     assert probes.ticks["A"] == 3
     probes.reset_counts()
     calls = iter([F, S])
     factory.register_action("Flaky", lambda ctx: next(calls))
     tree = factory.create_tree(wrap('<RetryUntilSuccessful num_attempts="5"><Flaky/></RetryUntilSuccessful>'))
-    assert tree.tick() is S
+    assert [tree.tick(), tree.tick()] == [R, S]
 
 
 def test_keep_running_until_failure(factory, probes):
@@ -184,7 +186,7 @@ def test_decorator_ports_can_read_the_blackboard(factory, probes):
     probes.action("A")
     tree = factory.create_tree(wrap('<Repeat num_cycles="{n}"><A/></Repeat>'))
     tree.blackboard.set("n", "2")  # strings convert to the port type on read
-    assert tree.tick() is S and probes.ticks["A"] == 2
+    assert [tree.tick(), tree.tick()] == [R, S] and probes.ticks["A"] == 2
 
 
 def test_halting_a_delay_restarts_its_wait(factory, probes, clock):
@@ -205,7 +207,7 @@ def test_halting_a_repeat_forgets_the_cycles_done(factory):
     calls = []
     factory.register_action("A", lambda ctx: calls.append(1) or next(script, S))
     tree = factory.create_tree(wrap('<Repeat num_cycles="3"><A/></Repeat>'))
-    assert tree.tick() is R and len(calls) == 2
+    assert [tree.tick(), tree.tick()] == [R, R] and len(calls) == 2
     tree.halt()
-    assert tree.tick() is S
+    assert [tree.tick() for _ in range(3)] == [R, R, S]
     assert len(calls) == 5  # three fresh cycles, not the two that were left

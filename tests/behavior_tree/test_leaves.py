@@ -178,3 +178,10 @@ def test_set_blackboard_and_sleep(factory, clock):
     assert tree.blackboard.get("mood") == "calm"
     clock.advance(0.1)
     assert tree.tick() is S
+
+
+def test_set_blackboard_from_a_key_without_value_fails_as_in_bt_cpp(factory):
+    tree = factory.create_tree(wrap('<SetBlackboard value="{first_point}" output_key="other"/>'))
+    assert tree.tick() is Status.FAILURE and "other" not in tree.blackboard
+    tree.blackboard.set("first_point", "1;2")
+    assert tree.tick() is Status.SUCCESS and tree.blackboard.get("other") == "1;2"

@@ -63,7 +63,8 @@ def test_a_groot_style_file_loads_and_runs(guard_factory):
     tree = guard_factory.create_tree(GROOT_STYLE)
     tree.blackboard.set("route", "A-B")
     tree.blackboard.set("kills", 0)
-    assert tree.tick() is Status.SUCCESS  # no enemy: patrol
+    assert tree.tick() is Status.RUNNING  # no enemy: patrol, one leg per tick
+    assert tree.tick() is Status.SUCCESS
     tree.blackboard.set("enemy", "wolf")
     assert tree.tick() is Status.SUCCESS
     assert tree.blackboard.get("kills") == 1
