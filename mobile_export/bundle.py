@@ -20,11 +20,8 @@ the end, so a failure leaves nothing half-written; an existing destination is re
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
-import io
 import json
-import logging
 import os
 import shutil
 import tempfile
@@ -33,6 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mobile_export.toolchain import (
+    DEFAULT_ONNXRUNTIME,
+    check_version,
+    installed_version,
+    run_worker,
+)
 from runtime.client.bundle import BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, BundleError, sha256_file
 
 TARGETS = {"arm": "arm", "x86": "amd64"}  # --target -> the converter's target_platform
@@ -40,6 +43,7 @@ MAX_BUNDLE_BYTES = 8_000_000
 MODEL_FILE = "model.ort"
 OPERATORS_FILE = "required_operators.config"
 SOURCE_MODEL = "model.int4.onnx"
+WORKER_TIMEOUT_S = 600
 
 
 class BundleExportError(BundleError):
@@ -58,13 +62,18 @@ class ExportedBundle:
 
 def export_bundle(model_dir: str | Path, out: str | Path, *, target: str = "arm",
                   zip_output: bool = False, force: bool = False, model_id: str | None = None,
-                  max_bytes: int = MAX_BUNDLE_BYTES) -> ExportedBundle:
+                  max_bytes: int = MAX_BUNDLE_BYTES, onnxruntime: str = DEFAULT_ONNXRUNTIME) -> ExportedBundle:
     """Write the bundle of ``model_dir`` to ``out`` (a directory, or with ``zip_output`` a zip
     file: ``.zip`` is appended to ``out`` when missing). ``target``: ``arm`` (phones, Apple
-    silicon) or ``x86`` (x86-64 desktops). Raises :class:`BundleExportError`.
+    silicon) or ``x86`` (x86-64 desktops). ``onnxruntime``: the version that writes
+    ``model.ort`` (installed on demand into a private cache, :mod:`mobile_export.toolchain`);
+    the game's onnxruntime must be that version or newer. The bundle's reference lines are
+    replayed under that version and under the installed one before anything is written.
+    Raises :class:`BundleExportError`.
     """
     if target not in TARGETS:
         raise BundleExportError(f"unknown target {target!r}; known: {', '.join(TARGETS)}")
+    built_with = check_version(onnxruntime)
     src = Path(model_dir)
     for name in (SOURCE_MODEL, "config.json", "tokenizer.json"):
         if not (src / name).is_file():
@@ -80,7 +89,9 @@ def export_bundle(model_dir: str | Path, out: str | Path, *, target: str = "arm"
     try:
         stage = staging / "bundle"
         stage.mkdir()
-        manifest = _build(src, stage, staging / "work", target, model_id or src.resolve().name)
+        manifest = _build(src, stage, staging / "work", target, model_id or src.resolve().name, built_with)
+        if built_with != installed_version():
+            _replay(stage, built_with)
         total = sum(p.stat().st_size for p in stage.iterdir())
         zip_bytes = None
         if zip_output:
@@ -100,13 +111,12 @@ def export_bundle(model_dir: str | Path, out: str | Path, *, target: str = "arm"
     return ExportedBundle(dest, manifest, total, zip_bytes)
 
 
-def _build(src: Path, stage: Path, work: Path, target: str, model_id: str) -> dict[str, Any]:
-    import onnxruntime as ort
-
+def _build(src: Path, stage: Path, work: Path, target: str, model_id: str,
+           built_with: str) -> dict[str, Any]:
     from mobile_export.reference import compare_cases, generate_cases, reference_settings
     from runtime.client.onnx_model import FlashOnnx
 
-    operators = _convert(src / SOURCE_MODEL, work, stage, target)
+    operators = _convert(src / SOURCE_MODEL, work, stage, target, built_with)
     for name in ("tokenizer.json", "config.json"):
         shutil.copyfile(src / name, stage / name)
     tokenizer_data = json.loads((src / "tokenizer.json").read_text(encoding="utf-8"))
@@ -126,8 +136,9 @@ def _build(src: Path, stage: Path, work: Path, target: str, model_id: str) -> di
     bundled = FlashOnnx.open_files(stage, MODEL_FILE, _ort_options())
     mismatches = compare_cases(expected, generate_cases(bundled, settings))
     if mismatches:
-        raise BundleExportError(f"the ORT model for target {target} does not reproduce the Python "
-                                f"runtime's tokens: {'; '.join(mismatches[:5])}")
+        raise BundleExportError(f"the ORT model for target {target}, written by onnxruntime {built_with}, "
+                                f"does not reproduce the Python runtime's tokens under onnxruntime "
+                                f"{installed_version()}: {'; '.join(mismatches[:5])}")
 
     config = json.loads((src / "config.json").read_text(encoding="utf-8"))
     tok = source.tokenizer
@@ -177,7 +188,8 @@ def _build(src: Path, stage: Path, work: Path, target: str, model_id: str) -> di
         },
         "sampling": _engine_sampling_defaults(),
         "onnxruntime": {
-            "built_with": ort.__version__, "tested_with": ort.__version__,
+            "built_with": built_with, "min_onnxruntime": built_with,
+            "tested_with": sorted({built_with, installed_version()}, key=_version_key),
             "session_options": {"session.load_model_format": "ORT",
                                 "graph_optimization_level": "ORT_DISABLE_ALL (already applied)",
                                 "intra_op_num_threads": 1, "session.intra_op.allow_spinning": "0"},
@@ -212,35 +224,24 @@ def _ort_options() -> Any:
     return ort_session_options(1)
 
 
-def _convert(model: Path, work: Path, stage: Path, target: str) -> list[str]:
-    """ORT-format conversion with onnxruntime's own tool; returns the operator list."""
-    import onnxruntime as ort
-    from onnxruntime.tools.convert_onnx_models_to_ort import (
-        OptimizationStyle,
-        convert_onnx_models_to_ort,
-    )
-
-    work.mkdir(parents=True)
-    shutil.copyfile(model, work / "model.onnx")
+def _convert(model: Path, work: Path, stage: Path, target: str, version: str) -> list[str]:
+    """ORT-format conversion with onnxruntime ``version``'s own tool, in a worker process
+    (:mod:`mobile_export.convert_worker`); returns the operator list."""
     out = work / "ort"
-    ort.set_default_logger_severity(3)  # the converter's NCHWc note for x86 is expected
-    tool_log = logging.getLogger("ort_format_model.utils")
-    tool_log.setLevel(logging.WARNING)  # it logs the temporary config path at INFO
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            convert_onnx_models_to_ort(work / "model.onnx", out, optimization_styles=[OptimizationStyle.Fixed],
-                                       target_platform=TARGETS[target])
-    except Exception as exc:
-        raise BundleExportError(f"{model}: onnxruntime could not convert it to ORT format "
-                                f"({type(exc).__name__}: {exc})") from exc
-    finally:
-        ort.set_default_logger_severity(2)
+    out.mkdir(parents=True)
+    result = run_worker("mobile_export.convert_worker", [str(model), str(out), TARGETS[target]],
+                        version=version, timeout_s=WORKER_TIMEOUT_S, what=f"converting {model} to ORT format")
+    if "error" in result:
+        raise BundleExportError(f"{model}: onnxruntime {result.get('onnxruntime', version)} could not "
+                                f"convert it to ORT format ({result['error']})")
+    if result.get("onnxruntime") != version:
+        raise BundleExportError(f"converting {model}: asked for onnxruntime {version}, the worker ran "
+                                f"{result.get('onnxruntime')}")
     shutil.copyfile(out / "model.ort", stage / MODEL_FILE)
-    lines = [ln.strip() for ln in (out / "model.required_operators.config").read_text().splitlines()]
-    entries = [ln for ln in lines if ln and not ln.startswith("#")]
+    entries = [str(e) for e in result["entries"]]
     # the tool's header names our temporary paths; write a stable one instead
     (stage / OPERATORS_FILE).write_text(
-        f"# operators model.ort needs (onnxruntime {ort.__version__}, target {target}); pass to an\n"
+        f"# operators model.ort needs (written by onnxruntime {version}, target {target}); pass to an\n"
         "# onnxruntime reduced/minimal build: --include_ops_by_config required_operators.config\n"
         + "\n".join(entries) + "\n")
     operators = []
@@ -248,6 +249,22 @@ def _convert(model: Path, work: Path, stage: Path, target: str) -> list[str]:
         domain, opset, ops = entry.split(";")
         operators += [f"{domain};{opset};{op}" for op in ops.split(",")]
     return operators
+
+
+def _replay(stage: Path, version: str) -> None:
+    """The staged bundle's reference lines, regenerated under onnxruntime ``version`` in a
+    fresh process, must match token for token."""
+    result = run_worker("mobile_export.verify_worker", [str(stage), str(stage / "reference.json")],
+                        version=version, timeout_s=WORKER_TIMEOUT_S,
+                        what=f"replaying the reference lines under onnxruntime {version}")
+    if result.get("error") or result.get("mismatches"):
+        why = result.get("error") or "; ".join(result["mismatches"][:5])
+        raise BundleExportError(f"the bundle's ORT model does not reproduce the Python runtime's tokens "
+                                f"under onnxruntime {version}: {why}")
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split(".") if p.isdigit())
 
 
 def _tensors(args: list[Any]) -> list[dict[str, Any]]:

@@ -1,4 +1,11 @@
-"""Reference generations: one seeded line per archetype and state, as token ids.
+"""Reference generations: one greedy line per archetype and state, as token ids.
+
+Greedy (temperature 0) so that a port in another language can replay them without numpy's
+random generator, and so that another onnxruntime version, whose kernels round differently in
+the last bits, still reproduces them: a sampled token flips when the random draw falls within
+rounding error of a boundary between two tokens, a greedy one only at an exact tie. (Bundles
+exported before 2026-12-01 recorded sampled lines at temperature 0.8; their ``settings`` say
+so and they are replayed as recorded.)
 
 The exporter records them from the Python runtime (:class:`runtime.client.onnx_model.FlashOnnx` on
 the source INT4 model) in the bundle's ``reference.json``; ``flashnpc bundle verify``
@@ -17,7 +24,7 @@ if TYPE_CHECKING:
 SEED = 20261130
 INTENT = "approach"
 MAX_TOKENS = 16
-TEMPERATURE = 0.8
+TEMPERATURE = 0.0  # greedy: see the module docstring
 TOP_P = 0.95
 
 

@@ -9,21 +9,23 @@
    (:mod:`mobile_export.verify_worker`): the ORT model loads with onnxruntime and one line per
    archetype and state is generated, whose tokens must equal the Python runtime's for the same
    seed: those recorded in the bundle's ``reference.json`` at export, or, with
-   ``reference_dir``, those the runtime generates now from that model directory.
+   ``reference_dir``, those the runtime generates now from that model directory. With
+   ``onnxruntime`` versions, once under each (installed on demand into a private cache, see
+   :mod:`mobile_export.toolchain`; ``None`` in the list is the installed onnxruntime).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mobile_export.toolchain import ToolchainError, run_worker
 from runtime.client.bundle import BundleError, open_bundle
+from runtime.client.signature import SIGNATURE, PublicKey, key_id, raw_public_key
 
 WORKER_TIMEOUT_S = 600
 
@@ -41,7 +43,8 @@ class VerifyReport:
 
     path: Path
     checks: list[Check] = field(default_factory=list)
-    worker: dict[str, Any] | None = None
+    worker: dict[str, Any] | None = None  # the last generation worker's result
+    workers: list[dict[str, Any]] = field(default_factory=list)  # one per onnxruntime version
 
     @property
     def ok(self) -> bool:
@@ -55,16 +58,24 @@ class VerifyReport:
 
 
 def verify_bundle(path: str | Path, *, reference_dir: str | Path | None = None,
-                  max_bytes: int | None = None, timeout_s: float = WORKER_TIMEOUT_S) -> VerifyReport:
-    """Run every check on the bundle at ``path`` (directory or zip); never raises for a bad bundle."""
+                  max_bytes: int | None = None, timeout_s: float = WORKER_TIMEOUT_S,
+                  onnxruntime: Sequence[str | None] = (None,), public_key: PublicKey | None = None) -> VerifyReport:
+    """Run every check on the bundle at ``path`` (directory or zip); never raises for a bad bundle.
+
+    The generation check runs once per entry of ``onnxruntime`` (a version such as ``"1.27.0"``,
+    or None for the installed onnxruntime). With ``public_key``, the bundle must carry that
+    key's signature of its manifest."""
     from mobile_export.bundle import MAX_BUNDLE_BYTES
 
     report = VerifyReport(Path(path))
     try:
-        bundle = open_bundle(path)
+        bundle = open_bundle(path, public_key=public_key)
     except BundleError as exc:
         report.checks.append(Check("manifest and files", False, str(exc)))
         return report
+    if public_key is not None:
+        report.checks.append(Check("signature", True, f"{SIGNATURE} is key {key_id(raw_public_key(public_key))}'s "
+                                   "Ed25519 signature of manifest.json"))
     m = bundle.manifest
     report.checks.append(Check("manifest", True, f"{m['format']} version {m['format_version']}, model "
                                f"{m['model']['id']} {m['model']['version']}, target {m['model']['target']}, "
@@ -85,7 +96,8 @@ def verify_bundle(path: str | Path, *, reference_dir: str | Path | None = None,
             if not (ref_path.is_file() and "reference.json" in bundle.files):
                 report.checks.append(Check("generation", False, "the bundle lists no reference.json"))
                 return report
-        report.checks.append(_run_worker(path, ref_path, source, timeout_s, report))
+        for version in dict.fromkeys(onnxruntime):
+            report.checks.append(_run_worker(path, ref_path, source, timeout_s, report, version))
     return report
 
 
@@ -103,31 +115,27 @@ def _fresh_reference(model_dir: Path, bundle: Any, tmp: Path) -> Path:
 
 
 def _run_worker(path: str | Path, ref_path: Path, source: str, timeout_s: float,
-                report: VerifyReport) -> Check:
-    env = dict(os.environ)
-    repo = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    cmd = [sys.executable, "-m", "mobile_export.verify_worker", str(path), str(ref_path)]
+                report: VerifyReport, version: str | None) -> Check:
+    name = "generation" if version is None else f"generation under onnxruntime {version}"
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
-    except subprocess.TimeoutExpired:
-        return Check("generation", False, f"the verifying process took over {timeout_s:.0f} s")
-    try:
-        result = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (IndexError, ValueError):
-        tail = (proc.stderr or proc.stdout).strip()[-600:]
-        return Check("generation", False, f"the verifying process failed (exit {proc.returncode}): {tail}")
+        result = run_worker("mobile_export.verify_worker", [str(path), str(ref_path)], version=version,
+                            timeout_s=timeout_s, what="the verifying process")
+    except ToolchainError as exc:
+        return Check(name, False, str(exc))
     report.worker = result
+    report.workers.append(result)
     if result.get("error"):
-        return Check("generation", False, f"in a fresh process: {result['error']}")
+        return Check(name, False, f"in a fresh process under onnxruntime {result.get('onnxruntime')}: "
+                     f"{result['error']}")
     if result.get("forbidden_loaded"):
-        return Check("generation", False, f"the client-side load imported {result['forbidden_loaded']}")
+        return Check(name, False, f"the client-side load imported {result['forbidden_loaded']}")
     if result["mismatches"]:
         shown = "; ".join(result["mismatches"][:5])
         more = len(result["mismatches"]) - 5
-        return Check("generation", False, f"{len(result['mismatches'])} of {result['cases']} lines differ "
-                     f"from {source}: {shown}" + (f"; and {more} more" if more > 0 else ""))
-    return Check("generation", True, f"fresh process (no torch, no training code), onnxruntime "
+        return Check(name, False, f"{len(result['mismatches'])} of {result['cases']} lines differ "
+                     f"from {source} under onnxruntime {result['onnxruntime']}: {shown}"
+                     + (f"; and {more} more" if more > 0 else ""))
+    return Check(name, True, f"fresh process (no torch, no training code), onnxruntime "
                  f"{result['onnxruntime']}: {result['cases']} lines (every archetype x state) match "
                  f"{source} token for token; load {result['load_ms']} ms, generation "
                  f"{result['generate_ms']} ms")

@@ -2,7 +2,8 @@
 
 Run as ``python -m mobile_export.verify_worker BUNDLE REFERENCE_JSON``. Before importing
 anything else it makes torch, onnx and the training/export code unimportable, then loads the
-bundle through the runtime (:meth:`runtime.client.onnx_model.FlashOnnx.load`), generates one line per
+bundle as a game does (:meth:`runtime.client.generator.LineGenerator.load`: every check of
+:mod:`runtime.client.bundle`, and the side files parsed as the engine parses them), generates one line per
 archetype and state with the reference's seeds and settings, and prints one JSON object:
 ``{"ok", "cases", "mismatches", "onnxruntime", "forbidden_loaded", "load_ms", "generate_ms"}``.
 Exit status 0 when every case's tokens match, 1 otherwise.
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     import onnxruntime as ort
 
     from mobile_export.reference import compare_cases, generate_cases
-    from runtime.client.onnx_model import FlashOnnx
+    from runtime.client.generator import LineGenerator
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
@@ -45,10 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         reference = json.loads(Path(reference_path).read_text(encoding="utf-8"))
         t0 = time.perf_counter()
-        model = FlashOnnx.load(bundle_path)
+        gen = LineGenerator.load(bundle_path, warmup=False)
+        model = gen.model
+        assert model is not None
         t1 = time.perf_counter()
         got = generate_cases(model, reference["settings"])
         t2 = time.perf_counter()
+        gen.close()
         tok = model.tokenizer
         assert tok is not None
         every = {(a, s) for a in tok.catalog["archetypes"] for s in tok.catalog["states"]}

@@ -6,12 +6,31 @@ A bundle is a directory, or a zip archive of the same files at its root, holding
 ``catalog.json``, ``fallbacks.json``, ``constraints.json`` and ``reference.json``.
 The manifest schema is specified in ``docs/mobile.md``.
 
-Opening a bundle (:func:`open_bundle`) checks the manifest's schema and format version (a
-newer version than :data:`BUNDLE_VERSION` is refused), refuses absolute paths and ``..`` in
-it, and checks every listed file's size and SHA-256 (about 10 ms for an 8 MB bundle). A zip is
-extracted, listed files only, into a private temporary directory removed at interpreter exit.
+Opening a bundle (:func:`open_bundle`) refuses, with one :class:`BundleError` naming the
+bundle, the file and the reason:
 
-Only the standard library is used here, so a game client reads bundles with nothing extra.
+* a manifest over 1 MB (its size is read from the directory entry or the zip's central
+  directory before a byte of it is), not JSON, of another format or a newer format version
+  than :data:`BUNDLE_VERSION`, missing a key, or with a key of the wrong type;
+* a file list with an absolute path, ``..``, a duplicate, or without one of the files the
+  runtime uses (:data:`REQUIRED_FILES`);
+* for a zip: an unreadable archive, an entry name that appears twice (zip readers disagree on
+  which copy counts), an entry the manifest does not list, uncompressed sizes over
+  :data:`MAX_UNPACKED_BYTES` in all (from the central directory, before anything is
+  inflated), a size that differs from the manifest's, data that does not inflate or fails its
+  CRC; for a directory: a file the manifest does not list, a link leading outside it;
+* a listed file missing, truncated, grown or altered (SHA-256; about 10 ms for 8 MB);
+* ``config.json``, ``tokenizer.json`` or another JSON side file that is not a JSON object, and
+  manifest fields that disagree with ``config.json`` (model config, vocabulary size, the KV
+  cache's layers, heads and head size) or are out of range (``sampling``);
+* with ``public_key``: no ``manifest.sig``, or one that is not that key's Ed25519 signature of
+  the manifest (:mod:`runtime.client.signature`).
+
+A zip is extracted, listed files only, into a private temporary directory removed at
+interpreter exit (and at once when the bundle is refused).
+
+Only the standard library is used here (``cryptography`` when a public key is given), so a
+game client reads bundles with nothing extra.
 """
 
 from __future__ import annotations
@@ -19,20 +38,29 @@ from __future__ import annotations
 import atexit
 import hashlib
 import json
+import math
 import re
 import shutil
 import tempfile
 import threading
 import zipfile
+import zlib
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from runtime.client.errors import BundleError
+from runtime.client.signature import MAX_SIGNATURE_BYTES, SIGNATURE, PublicKey, check_signature
+
 BUNDLE_FORMAT = "flashnpc-bundle"
 BUNDLE_VERSION = 1
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 1_000_000
+MAX_UNPACKED_BYTES = 64_000_000  # every file of a bundle together, uncompressed
+# the files the runtime reads, besides the model file the manifest names
+REQUIRED_FILES = ("tokenizer.json", "config.json", "catalog.json", "fallbacks.json", "constraints.json")
 
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _REQUIRED_KEYS: dict[str, type | tuple[type, ...]] = {
@@ -42,10 +70,6 @@ _REQUIRED_KEYS: dict[str, type | tuple[type, ...]] = {
 }
 _MODEL_KEYS: dict[str, type | tuple[type, ...]] = {"id": str, "version": str, "file": str, "format": str,
                                                    "target": str, "config": dict}
-
-
-class BundleError(ValueError):
-    """A bundle that cannot be used: the message names the bundle and what is wrong with it."""
 
 
 @dataclass
@@ -92,7 +116,7 @@ def check_manifest(data: Any, where: str = MANIFEST) -> None:
     Checks, in order: an object with ``format`` = ``flashnpc-bundle``; ``format_version`` an
     int no newer than :data:`BUNDLE_VERSION`; every required key with its type; each file entry
     (``path`` relative, POSIX, no ``..``, unique; ``size`` >= 0; ``sha256`` 64 lower-case hex);
-    the model, tokenizer and config files listed.
+    the model file and every one of :data:`REQUIRED_FILES` listed; ``sampling`` in range.
     """
     if not isinstance(data, dict):
         raise BundleError(f"{where}: expected a JSON object, got {type(data).__name__}")
@@ -123,10 +147,70 @@ def check_manifest(data: Any, where: str = MANIFEST) -> None:
             raise BundleError(f"{where}: {path}: sha256 must be 64 lower-case hex digits, got {digest!r}")
     if MANIFEST in seen:
         raise BundleError(f"{where}: the manifest cannot list itself")
-    for name in (data["model"]["file"], "tokenizer.json", "config.json"):
-        check_relative_path(name, f"{where}: model.file")
+    check_relative_path(data["model"]["file"], f"{where}: model.file")
+    for name in (data["model"]["file"], *REQUIRED_FILES):
         if name not in seen:
-            raise BundleError(f"{where}: {name} is not among the listed files")
+            raise BundleError(f"{where}: {name} is not among the listed files (the runtime needs it)")
+    if SIGNATURE in seen:
+        raise BundleError(f"{where}: the manifest cannot list {SIGNATURE} (the signature covers the manifest)")
+    _check_sampling(data.get("sampling"), where)
+
+
+def _check_sampling(sampling: Any, where: str) -> None:
+    if sampling is None:
+        return
+    if not isinstance(sampling, dict):
+        raise BundleError(f"{where}: sampling must be an object, got {type(sampling).__name__}")
+    checks = {
+        "temperature": lambda v: _is_number(v) and 0 <= v <= 10,
+        "top_p": lambda v: _is_number(v) and 0 < v <= 1,
+        "top_k": lambda v: _is_int(v) and v >= 0,
+        "max_tokens": lambda v: _is_int(v) and 0 < v <= 4096,
+    }
+    for key, ok in checks.items():
+        if key in sampling and not ok(sampling[key]):
+            raise BundleError(f"{where}: sampling.{key} = {sampling[key]!r} is out of range")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
+
+
+def check_against_config(root: Path, manifest: Mapping[str, Any], where: str) -> None:
+    """The listed JSON side files must be JSON objects, and the manifest's description of the
+    model must agree with ``config.json`` (the file the engine builds its tensors from)."""
+    docs: dict[str, Any] = {}
+    for entry in manifest["files"]:
+        rel = entry["path"]
+        if not rel.endswith(".json"):
+            continue
+        try:
+            docs[rel] = json.loads((root / rel).read_bytes().decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise BundleError(f"{where}: bundle rejected: {rel}: not valid JSON ({exc})") from exc
+        if not isinstance(docs[rel], dict):
+            raise BundleError(f"{where}: bundle rejected: {rel}: expected a JSON object, "
+                              f"got {type(docs[rel]).__name__}")
+    config = docs["config.json"]
+    if manifest["model"]["config"] != config:
+        raise BundleError(f"{where}: bundle rejected: manifest.json: model.config differs from config.json")
+    try:
+        n_layer, n_head, n_embd = int(config["n_layer"]), int(config["n_head"]), int(config["n_embd"])
+        expected = {"vocab_size": int(config["vocab_size"]), "kv_cache.n_layer": n_layer,
+                    "kv_cache.n_head": n_head, "kv_cache.head_dim": n_embd // max(n_head, 1)}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BundleError(f"{where}: bundle rejected: config.json: missing or bad field ({exc})") from exc
+    kv = manifest["kv_cache"]
+    found = {"vocab_size": manifest["vocab_size"], "kv_cache.n_layer": kv.get("n_layer"),
+             "kv_cache.n_head": kv.get("n_head"), "kv_cache.head_dim": kv.get("head_dim")}
+    for key, value in expected.items():
+        if found[key] != value:
+            raise BundleError(f"{where}: bundle rejected: manifest.json: {key} is {found[key]!r}, "
+                              f"config.json gives {value}")
 
 
 def check_relative_path(path: Any, where: str) -> None:
@@ -182,6 +266,13 @@ def file_problems(root: Path, manifest: Mapping[str, Any], *, hashes: bool = Tru
             continue
         if hashes and sha256_file(path) != entry["sha256"]:
             problems.append(f"{rel}: sha256 differs from the manifest (file altered)")
+    listed = {MANIFEST, SIGNATURE, *(e["path"] for e in manifest["files"])}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_dir() and not path.is_symlink():
+            continue
+        if rel not in listed:
+            problems.append(f"{rel}: not listed in the manifest")
     return problems
 
 
@@ -215,35 +306,58 @@ def _stamp(root: Path, manifest: Mapping[str, Any]) -> tuple[tuple[str, int, int
     return tuple(out)
 
 
-def open_bundle(path: str | Path, *, verify_hashes: bool = True) -> Bundle:
+def open_bundle(path: str | Path, *, verify_hashes: bool = True, public_key: PublicKey | None = None) -> Bundle:
     """Open and verify the bundle at ``path`` (a directory or a zip file).
 
-    Raises :class:`BundleError` naming the bundle and the first thing wrong: no manifest, a
-    manifest that fails :func:`check_manifest`, or files that are missing, truncated or
-    altered (all of those listed). ``verify_hashes=False`` checks sizes only.
+    Raises :class:`BundleError` naming the bundle and the first thing wrong (see the module
+    docstring); for files that are missing, truncated, altered or unlisted, all of them.
+    ``verify_hashes=False`` checks sizes only. ``public_key`` (raw 32 bytes, hex or PEM, see
+    :func:`runtime.client.signature.raw_public_key`): refuse the bundle unless that key signed it.
     """
     src = Path(path)
     if src.is_dir():
         mpath = src / MANIFEST
         if not mpath.is_file():
             raise BundleError(f"{src}: not a bundle (no {MANIFEST})")
-        manifest = parse_manifest(mpath.read_bytes(), str(mpath))
+        size = mpath.stat().st_size
+        if size > MAX_MANIFEST_BYTES:
+            raise BundleError(f"{mpath}: {size} bytes, more than a manifest can be ({MAX_MANIFEST_BYTES})")
+        raw = mpath.read_bytes()
+        manifest = parse_manifest(raw, str(mpath))
         root, extracted = src, False
+        sig_path = src / SIGNATURE
+        if public_key is not None:
+            if sig_path.is_file():
+                _check_signature_size(src, sig_path.stat().st_size)
+            signature = sig_path.read_bytes() if sig_path.is_file() else None
+            check_signature(raw, signature, public_key, str(src))
     elif src.is_file():
-        manifest, root = _extract_zip(src)
+        manifest, root = _extract_zip(src, public_key)
         extracted = True
     else:
         raise BundleError(f"{src}: no such bundle (neither a directory nor a zip file)")
-    stamp = _stamp(root, manifest)
-    if not (verify_hashes and stamp is not None and _VERIFIED.get(root.resolve()) == stamp):
-        problems = file_problems(root, manifest, hashes=verify_hashes)
-        if problems:
-            if extracted:
-                _discard(root)
-            raise BundleError(f"{src}: bundle rejected: " + "; ".join(problems))
-        if verify_hashes and stamp is not None:
-            _VERIFIED[root.resolve()] = stamp
+    try:
+        stamp = _stamp(root, manifest)
+        if not (verify_hashes and stamp is not None and _VERIFIED.get(root.resolve()) == stamp):
+            problems = file_problems(root, manifest, hashes=verify_hashes)
+            if problems:
+                raise BundleError(f"{src}: bundle rejected: " + "; ".join(problems))
+            check_against_config(root, manifest, str(src))
+            if verify_hashes and stamp is not None:
+                _VERIFIED[root.resolve()] = stamp
+    except BaseException:
+        if extracted:
+            _discard(root)
+        raise
     return Bundle(src, root, manifest, extracted, {e["path"]: e for e in manifest["files"]})
+
+
+def discard_extraction(root: Path) -> None:
+    """Remove a zip bundle's extraction directory now (a no-op for any other directory)."""
+    with _EXTRACT_LOCK:
+        if root not in _EXTRACTED:
+            return
+    _discard(root)
 
 
 def _discard(root: Path) -> None:
@@ -253,32 +367,48 @@ def _discard(root: Path) -> None:
             _EXTRACTED.remove(root)
 
 
-def _extract_zip(src: Path) -> tuple[dict[str, Any], Path]:
+def _extract_zip(src: Path, public_key: PublicKey | None) -> tuple[dict[str, Any], Path]:
+    """Check the archive's directory, then its manifest, then extract the listed files."""
     root: Path | None = None
     try:
         with zipfile.ZipFile(src) as zf:
-            try:
-                raw = zf.read(MANIFEST)
-            except KeyError:
-                raise BundleError(f"{src}: zip has no {MANIFEST} at its root; not a bundle") from None
+            infos = zf.infolist()
+            _check_zip_directory(src, infos)
+            members = {info.filename: info for info in infos}
+            minfo = members.get(MANIFEST)
+            if minfo is None:
+                raise BundleError(f"{src}: zip has no {MANIFEST} at its root; not a bundle")
+            if minfo.file_size > MAX_MANIFEST_BYTES:
+                raise BundleError(f"{src}!{MANIFEST}: {minfo.file_size} bytes, more than a manifest "
+                                  f"can be ({MAX_MANIFEST_BYTES})")
+            raw = _read_member(zf, minfo, src)
             manifest = parse_manifest(raw, f"{src}!{MANIFEST}")
-            members = {info.filename: info for info in zf.infolist()}
+            if public_key is not None:
+                sinfo = members.get(SIGNATURE)
+                if sinfo is not None:
+                    _check_signature_size(src, sinfo.file_size)
+                signature = _read_member(zf, sinfo, src) if sinfo is not None else None
+                check_signature(raw, signature, public_key, str(src))
+            listed = {e["path"]: e for e in manifest["files"]}
+            unlisted = sorted(set(members) - set(listed) - {MANIFEST, SIGNATURE})
+            if unlisted:
+                raise BundleError(f"{src}: bundle rejected: {', '.join(unlisted[:5])}"
+                                  f"{f' and {len(unlisted) - 5} more' if len(unlisted) > 5 else ''}: "
+                                  "in the zip but not listed in the manifest")
             with _EXTRACT_LOCK:
                 root = Path(tempfile.mkdtemp(prefix="flashnpc-bundle-"))
                 _EXTRACTED.append(root)
             (root / MANIFEST).write_bytes(raw)  # the extracted directory is itself a bundle
-            for entry in manifest["files"]:
-                rel = entry["path"]
+            for rel, entry in listed.items():
                 info = members.get(rel)
                 if info is None:
                     continue  # reported as missing by file_problems
                 if info.file_size != entry["size"]:
-                    raise BundleError(f"{src}: {rel}: {info.file_size} bytes in the zip, the manifest "
-                                      f"says {entry['size']} (truncated or altered)")
+                    raise BundleError(f"{src}: bundle rejected: {rel}: {info.file_size} bytes in the zip, "
+                                      f"the manifest says {entry['size']} (truncated or altered)")
                 target = root / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
-                with zf.open(info) as f_in, open(target, "wb") as f_out:
-                    shutil.copyfileobj(f_in, f_out, 1 << 20)
+                _extract_member(zf, info, target, src)
     except BaseException as exc:
         if root is not None:
             _discard(root)
@@ -291,17 +421,58 @@ def _extract_zip(src: Path) -> tuple[dict[str, Any], Path]:
     return manifest, root
 
 
-def resolve_model_path(path: str | Path, file: str) -> tuple[Path, str]:
+def _check_signature_size(src: Path, size: int) -> None:
+    if size > MAX_SIGNATURE_BYTES:
+        raise BundleError(f"{src}: bundle rejected: {SIGNATURE}: {size} bytes, more than a signature "
+                          f"file can be ({MAX_SIGNATURE_BYTES})")
+
+
+def _check_zip_directory(src: Path, infos: list[zipfile.ZipInfo]) -> None:
+    """Names unique, sizes bounded: from the central directory, before anything is inflated."""
+    twice = sorted(name for name, n in Counter(i.filename for i in infos).items() if n > 1)
+    if twice:
+        raise BundleError(f"{src}: bundle rejected: {', '.join(twice[:5])}: the zip holds this name more "
+                          "than once (zip readers disagree on which copy counts)")
+    total = sum(i.file_size for i in infos)
+    if total > MAX_UNPACKED_BYTES:
+        biggest = max(infos, key=lambda i: i.file_size)
+        raise BundleError(f"{src}: bundle rejected: its entries unpack to {total} bytes, over the "
+                          f"{MAX_UNPACKED_BYTES}-byte limit (largest: {biggest.filename}, {biggest.file_size} bytes)")
+
+
+def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, src: Path) -> bytes:
+    try:
+        return zf.read(info)
+    except (zlib.error, zipfile.BadZipFile, EOFError) as exc:
+        raise BundleError(f"{src}: bundle rejected: {info.filename}: its data in the zip is corrupt "
+                          f"({type(exc).__name__}: {exc})") from exc
+
+
+def _extract_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, target: Path, src: Path) -> None:
+    try:
+        with zf.open(info) as f_in, open(target, "wb") as f_out:
+            shutil.copyfileobj(f_in, f_out, 1 << 20)
+    except (zlib.error, zipfile.BadZipFile, EOFError) as exc:
+        raise BundleError(f"{src}: bundle rejected: {info.filename}: its data in the zip is corrupt "
+                          f"({type(exc).__name__}: {exc})") from exc
+
+
+def resolve_model_path(path: str | Path, file: str, *, public_key: PublicKey | None = None) -> tuple[Path, str]:
     """``(directory, model file)`` to load: ``(path, file)`` unchanged for a model directory;
     for a bundle (directory with a manifest, or zip) the verified (extracted) directory and the
-    model file its manifest names. The hook :meth:`LineGenerator.load` uses for bundles."""
+    model file its manifest names. The hook :meth:`LineGenerator.load` uses for bundles. With
+    ``public_key`` only a bundle that key signed is accepted (a model directory is refused)."""
     p = Path(path)
     if not is_bundle(p):
+        if public_key is not None:
+            raise BundleError(f"{p}: a public key is set, so only a signed bundle loads, and this is "
+                              "a model directory")
         return p, file
-    bundle = open_bundle(p)
+    bundle = open_bundle(p, public_key=public_key)
     return bundle.root, bundle.model_file
 
 
-__all__ = ["BUNDLE_FORMAT", "BUNDLE_VERSION", "MANIFEST", "Bundle", "BundleError", "check_manifest",
-           "check_relative_path", "file_problems", "is_bundle", "open_bundle", "parse_manifest",
+__all__ = ["BUNDLE_FORMAT", "BUNDLE_VERSION", "MANIFEST", "MAX_UNPACKED_BYTES", "REQUIRED_FILES", "Bundle",
+           "BundleError", "check_against_config", "check_manifest",
+           "check_relative_path", "discard_extraction", "file_problems", "is_bundle", "open_bundle", "parse_manifest",
            "resolve_model_path", "sha256_file"]

@@ -1330,6 +1330,17 @@ def vetoed(raw: np.ndarray, masked: np.ndarray, threshold: float = VETO) -> bool
     return float(1.0 / np.exp(z - z[top]).sum()) > threshold
 
 
+def constraints_file(path: Path) -> Constraints:
+    """Parse one ``constraints.json`` file; ValueError saying what is wrong (not naming the
+    file: callers do, as a bundle names its own path rather than where it was extracted)."""
+    try:
+        return Constraints.from_json(json.loads(path.read_text(encoding="utf-8")))
+    except KeyError as exc:
+        raise ValueError(f"not a constraints file (missing key {exc})") from exc
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        raise ValueError(f"not a constraints file ({exc})") from exc
+
+
 def read_constraints(model_dir: str | Path | None = None) -> Constraints:
     """The :class:`Constraints` of a model: ``model_dir/constraints.json`` (default: the shipped
     model's).
@@ -1350,9 +1361,9 @@ def read_constraints(model_dir: str | Path | None = None) -> Constraints:
         if not path.is_file():
             raise ValueError(f"{root / 'constraints.json'}: missing, and no shipped constraints to fall back on")
     try:
-        cons = Constraints.from_json(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ValueError(f"{path}: not a constraints file ({exc})") from exc
+        cons = constraints_file(path)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from exc
     if not own:
         cons = Constraints(cons.banned_words, cons.slot_rules, slot_defaults=cons.slot_defaults)
     return cons
@@ -1399,5 +1410,5 @@ def stop_index(text: str, stops: Sequence[str]) -> int:
 
 
 __all__ = ["BannedWordMask", "Constraints", "RepeatMemory", "SlotRules", "WordConstraint", "WordState",
-           "check_sampling", "fill_slots", "normalise_line", "read_constraints", "settled_text", "stop_index",
+           "check_sampling", "constraints_file", "fill_slots", "normalise_line", "read_constraints", "settled_text", "stop_index",
            "unfilled_slots", "usable"]

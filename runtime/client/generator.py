@@ -42,11 +42,13 @@ from typing import Any
 import numpy as np
 
 from runtime.client.constraints import (
+    Constraints,
     RepeatMemory,
     SlotRules,
     WordConstraint,
     WordState,
     check_sampling,
+    constraints_file,
     fill_slots,
     normalise_line,
     read_constraints,
@@ -55,20 +57,18 @@ from runtime.client.constraints import (
     usable,
     vetoed,
 )
+from runtime.client.errors import BundleError, ModelLoadError
 from runtime.client.fallback import FallbackBook
 from runtime.client.metrics import EngineMetrics
 from runtime.client.onnx_model import DEFAULT_MODEL_DIR, FlashOnnx, decode_rows
 from runtime.client.prefix_cache import PrefixCache
 from runtime.client.sampling import sample_next
+from runtime.client.signature import PublicKey
 from runtime.tokenizer import check_request
 
 log = logging.getLogger("flashnpc.runtime")
 
 KV = list[np.ndarray]
-
-
-class ModelLoadError(RuntimeError):
-    """A model directory or file could not be loaded; the message names the file."""
 
 
 # --------------------------------------------------------------------------- data
@@ -275,46 +275,43 @@ class LineGenerator:
     def load(cls, path: str | Path | None = None, *, file: str = "model.int4.onnx", threads: int = 1,
              cache_dir: str | Path | None = None, cache_bytes: int = 32 * 1024 * 1024,
              cache_ttl: Mapping[str, float | None] | None = None, default_ttl: float | None = None,
-             on_error: str = "raise", warmup: bool = True, **options: Any) -> LineGenerator:
+             on_error: str = "raise", warmup: bool = True, public_key: PublicKey | None = None,
+             **options: Any) -> LineGenerator:
         """Load a model directory (default: the shipped ``runtime/assets/flash/``) and warm it up.
 
         ``path`` may also be a mobile bundle from ``flashnpc export mobile`` (a directory with
         ``manifest.json``, or its zip): it is verified and its ORT-format model loaded (see
-        :mod:`runtime.client.bundle`). ``file``: which graph (``model.int4.onnx`` shipped,
-        ``model.onnx`` fp32; ignored for a bundle). ``threads``:
-        onnxruntime intra-op threads. ``cache_dir``: the prefix cache's disk tier (L2), whose
-        fresh entries are preloaded; ``cache_bytes`` the memory tier's budget; ``cache_ttl``
-        per-domain TTLs in seconds (``default_ttl`` for the rest). ``on_error="fallback"``: if
-        the model cannot be loaded, log the error and serve authored fallback lines only
+        :mod:`runtime.client.bundle`); a bundle that fails any check raises :class:`BundleError`
+        (a :class:`ModelLoadError`) naming the file and the reason, whatever ``on_error`` says.
+        ``public_key`` (Ed25519; raw bytes, hex or PEM): load only a bundle that key signed.
+        ``file``: which graph (``model.int4.onnx`` shipped, ``model.onnx`` fp32; ignored for a
+        bundle). ``threads``: onnxruntime intra-op threads. ``cache_dir``: the prefix cache's
+        disk tier (L2), whose fresh entries are preloaded; ``cache_bytes`` the memory tier's
+        budget; ``cache_ttl`` per-domain TTLs in seconds (``default_ttl`` for the rest).
+        ``on_error="fallback"``: if the model cannot be loaded, log the error and serve
+        authored fallback lines only, from the bundle's verified files or the shipped ones
         (``"raise"``, the default, raises :class:`ModelLoadError` naming the file). Other
         keyword options go to :class:`LineGenerator`.
         """
         if on_error not in ("raise", "fallback"):
             raise ValueError(f"on_error must be 'raise' or 'fallback', got {on_error!r}")
         t0 = time.perf_counter()
-        root = Path(path) if path is not None else DEFAULT_MODEL_DIR
+        source = Path(path) if path is not None else DEFAULT_MODEL_DIR
         model: FlashOnnx | None
+        root, file, bundled = _resolve_bundle(source, file, public_key)
         try:
-            root, file = _resolve_bundle(root, file)
-            model = _load_model(root, file, threads)
-        except ModelLoadError:
-            if on_error == "raise":
-                raise
-            log.exception("model at %s failed to load; serving fallback lines only", root)
-            model = None
-        catalog = model.catalog if model is not None and model.catalog else _read_catalog(root, model)
-        try:
-            cons = read_constraints(root)
-        except ValueError as exc:
-            raise ModelLoadError(str(exc)) from exc
-        fb_path = root / "fallbacks.json"
-        try:
-            fallbacks = FallbackBook.from_json(fb_path) if fb_path.is_file() else FallbackBook.shipped()
-        except ValueError as exc:
-            if on_error == "raise":
-                raise ModelLoadError(str(exc)) from exc
-            log.exception("fallback lines at %s unreadable; using the shipped model's", fb_path)
-            fallbacks = FallbackBook.shipped()
+            try:
+                model = _load_model(root, file, threads)
+            except ModelLoadError:
+                if on_error == "raise":
+                    raise
+                log.exception("model at %s failed to load; serving fallback lines only", root)
+                model = None
+            catalog, cons, fallbacks = _read_side_files(root, source if bundled else None,
+                                                        lenient=on_error == "fallback", model=model)
+        except BaseException:
+            _release(root)
+            raise
         options.setdefault("name", root.name or "flash")
         fingerprint = _fingerprint(model, root / file) if model is not None else ""
         cache = PrefixCache(max_bytes=cache_bytes, disk_dir=cache_dir, default_ttl=default_ttl,
@@ -345,20 +342,18 @@ class LineGenerator:
         :class:`LineGenerator`.
         """
         t0 = time.perf_counter()
-        root, _ = _resolve_bundle(Path(path) if path is not None else DEFAULT_MODEL_DIR, "model.int4.onnx")
+        source = Path(path) if path is not None else DEFAULT_MODEL_DIR
+        root, _, bundled = _resolve_bundle(source, "model.int4.onnx", None)
         if not root.is_dir():
             raise ModelLoadError(f"{root}: not a model directory or bundle")
         try:
-            cons = read_constraints(root)
-        except ValueError as exc:
-            raise ModelLoadError(str(exc)) from exc
-        fb_path = root / "fallbacks.json"
-        try:
-            fallbacks = FallbackBook.from_json(fb_path) if fb_path.is_file() else FallbackBook.shipped()
-        except ValueError as exc:
-            raise ModelLoadError(str(exc)) from exc
+            catalog, cons, fallbacks = _read_side_files(root, source if bundled else None, lenient=False,
+                                                        model=None)
+        except BaseException:
+            _release(root)
+            raise
         options.setdefault("name", root.name or "flash")
-        gen = cls(None, catalog=_read_catalog(root, None), fallbacks=fallbacks, banned_words=cons.banned_words,
+        gen = cls(None, catalog=catalog, fallbacks=fallbacks, banned_words=cons.banned_words,
                   slot_rules=cons.slot_rules, **options)
         gen.load_ms = (time.perf_counter() - t0) * 1e3
         return gen
@@ -980,17 +975,22 @@ class LineStream:
 # --------------------------------------------------------------------------- loading helpers
 
 
-def _resolve_bundle(root: Path, file: str) -> tuple[Path, str]:
+def _resolve_bundle(root: Path, file: str, public_key: PublicKey | None) -> tuple[Path, str, bool]:
     """A mobile bundle (directory with ``manifest.json``, or its zip) becomes its verified
-    (extracted) directory and the model file its manifest names; a model directory is unchanged."""
-    from runtime.client.bundle import BundleError, resolve_model_path
+    (extracted) directory and the model file its manifest names, and True; a model directory
+    is unchanged (False). A bundle that fails a check raises :class:`BundleError`."""
+    from runtime.client.bundle import is_bundle, resolve_model_path
 
     if not root.exists():
         raise ModelLoadError(f"{root}: no such model directory or bundle")
-    try:
-        return resolve_model_path(root, file)
-    except BundleError as exc:
-        raise ModelLoadError(str(exc)) from exc
+    resolved, name = resolve_model_path(root, file, public_key=public_key)
+    return resolved, name, is_bundle(root)
+
+
+def _release(root: Path) -> None:
+    from runtime.client.bundle import discard_extraction
+
+    discard_extraction(root)
 
 
 def _load_model(root: Path, file: str, threads: int) -> FlashOnnx:
@@ -1011,6 +1011,50 @@ def _load_model(root: Path, file: str, threads: int) -> FlashOnnx:
         raise ModelLoadError(str(exc)) from exc
     except Exception as exc:  # onnxruntime raises its own types for corrupt graphs
         raise ModelLoadError(f"{root / file}: cannot load the model ({type(exc).__name__}: {exc})") from exc
+
+
+def _read_side_files(root: Path, bundle: Path | None, *, lenient: bool, model: FlashOnnx | None
+                     ) -> tuple[dict[str, Any], Constraints, FallbackBook]:
+    """The catalog, constraints and fallback lines of a model directory or verified bundle.
+
+    From a bundle (``bundle`` is its path) every file must be there and parse as the engine
+    parses it, or :class:`BundleError` names it. From a model directory a missing file is the
+    shipped model's (:func:`read_constraints`, :meth:`FallbackBook.shipped`); a malformed one
+    raises :class:`ModelLoadError`, or with ``lenient`` is logged and the shipped one used.
+    Neither reads YAML.
+    """
+    if bundle is not None:
+        def read(name: str, parse: Callable[[Path], Any]) -> Any:
+            try:
+                return parse(root / name)
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise BundleError(f"{bundle}: bundle rejected: {name}: {exc}") from exc
+        return (read("catalog.json", _catalog_file), read("constraints.json", constraints_file),
+                read("fallbacks.json", FallbackBook.from_json))
+
+    def own_or_shipped(own: Callable[[], Any], shipped: Callable[[], Any]) -> Any:
+        try:
+            return own()
+        except ValueError as exc:
+            if not lenient:
+                raise ModelLoadError(str(exc)) from exc
+            log.exception("unreadable; using the shipped model's file instead")
+            return shipped()
+
+    fb_path = root / "fallbacks.json"
+    cons = own_or_shipped(lambda: read_constraints(root), lambda: read_constraints(None))
+    fallbacks = own_or_shipped(lambda: FallbackBook.from_json(fb_path) if fb_path.is_file() else FallbackBook.shipped(),
+                               FallbackBook.shipped)
+    return _read_catalog(root, model), cons, fallbacks
+
+
+def _catalog_file(path: Path) -> dict[str, Any]:
+    import json
+
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), list) for k in ("archetypes", "states", "intents")):
+        raise ValueError("expected an object with archetypes, states and intents lists")
+    return dict(data)
 
 
 def _read_catalog(root: Path, model: FlashOnnx | None) -> dict[str, Any]:

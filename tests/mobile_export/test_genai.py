@@ -243,8 +243,9 @@ def test_tokenizer_matches_on_text_the_book_lacks(genai_model, engine, text):
 
 def test_an_ort_format_graph_gives_the_same_tokens(engine, tmp_path):
     from mobile_export.bundle import _convert
+    from mobile_export.toolchain import DEFAULT_ONNXRUNTIME
 
-    _convert(DEFAULT_MODEL_DIR / "model.int4.onnx", tmp_path / "work", tmp_path, "arm")
+    _convert(DEFAULT_MODEL_DIR / "model.int4.onnx", tmp_path / "work", tmp_path, "arm", DEFAULT_ONNXRUNTIME)
     out = write_genai_folder(None, tmp_path / "genai", model_file=tmp_path / "model.ort")
     dec = json.loads((out / GENAI_CONFIG).read_text())["model"]["decoder"]
     assert dec["filename"] == "model.ort"
