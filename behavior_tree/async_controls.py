@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .controls import SequenceWithMemory
 from .node import ControlNode, halt_children
 from .ports import InputPort
 from .status import FAILURE, IDLE, RUNNING, SKIPPED, SUCCESS, Status
@@ -9,7 +10,7 @@ from .status import FAILURE, IDLE, RUNNING, SKIPPED, SUCCESS, Status
 __all__ = ["AsyncFallback", "AsyncSequence", "TryCatch"]
 
 
-class AsyncSequence(ControlNode):
+class AsyncSequence(SequenceWithMemory):
     """A Sequence that hands control back between children.
 
     Ticks children in order while they succeed, like ``Sequence``; but when a child
@@ -22,49 +23,8 @@ class AsyncSequence(ControlNode):
     Halt: halts the running child and forgets the position.
     """
 
-    __slots__ = ("idx", "skipped")
-    initial_state = (("idx", 0), ("skipped", 0))
-    _continue_on: Status = SUCCESS
-    _done: Status = SUCCESS
-    _stop: Status = FAILURE
-
-    def tick(self) -> Status:
-        children = self.children
-        n = len(children)
-        if self.status is not RUNNING:
-            self.skipped = 0
-        go_on, stop = self._continue_on, self._stop
-        while self.idx < n:
-            child = children[self.idx]
-            was_idle = child.status is IDLE
-            st = child.tick()
-            if st is go_on:
-                self.idx += 1
-                if was_idle and self.idx < n:
-                    self.status = RUNNING
-                    return RUNNING
-            elif st is RUNNING:
-                self.status = RUNNING
-                return RUNNING
-            elif st is stop:
-                halt_children(children)
-                self.idx = 0
-                self.skipped = 0
-                self.status = stop
-                return stop
-            else:
-                self.idx += 1
-                self.skipped += 1
-        halt_children(children)
-        self.idx = 0
-        all_skipped = self.skipped == n
-        self.skipped = 0
-        if all_skipped:
-            self.status = IDLE
-            return SKIPPED
-        done = self._done
-        self.status = done
-        return done
+    __slots__ = ()
+    _keeps_position = False
 
 
 class AsyncFallback(AsyncSequence):
@@ -78,7 +38,6 @@ class AsyncFallback(AsyncSequence):
 
     __slots__ = ()
     _continue_on = FAILURE
-    _done = FAILURE
     _stop = SUCCESS
 
 
@@ -122,16 +81,13 @@ class TryCatch(ControlNode):
                 if st is SKIPPED:
                     self.skipped += 1
                 self.idx += 1
-            else:
-                all_skipped = self.skipped == try_count
+            else:  # every try child succeeded or was skipped
+                st = SKIPPED if self.skipped == try_count else SUCCESS
                 halt_children(children)
                 self.idx = 0
                 self.skipped = 0
-                if all_skipped:
-                    self.status = IDLE
-                    return SKIPPED
-                self.status = SUCCESS
-                return SUCCESS
+                self.status = IDLE if st is SKIPPED else SUCCESS
+                return st
         st = children[-1].tick()
         if st is RUNNING:
             self.status = RUNNING

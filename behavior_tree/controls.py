@@ -8,7 +8,7 @@ SKIPPED stays IDLE and is passed over.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from .node import ControlNode, TreeNode, halt_children
 from .ports import InputPort
@@ -117,9 +117,15 @@ class SequenceWithMemory(ControlNode):
 
     __slots__ = ("idx", "skipped")
     initial_state = (("idx", 0), ("skipped", 0))
+    # AsyncSequence and AsyncFallback step through their children the same way:
+    _continue_on: ClassVar[Status] = SUCCESS  # a child's status that moves on
+    _stop: ClassVar[Status] = FAILURE  # a child's status that ends the node with it
+    _keeps_position: ClassVar[bool] = True  # after _stop and on halt
 
     def halt(self) -> None:
         halt_children(self.children)
+        if not self._keeps_position:
+            self.reset_state()
         self.status = IDLE
 
     def tick(self) -> Status:
@@ -127,11 +133,12 @@ class SequenceWithMemory(ControlNode):
         n = len(children)
         if self.status is not RUNNING and self.idx == 0:
             self.skipped = 0
+        go_on, stop = self._continue_on, self._stop
         while self.idx < n:
             child = children[self.idx]
             was_idle = child.status is IDLE
             st = child.tick()
-            if st is SUCCESS:
+            if st is go_on:
                 self.idx += 1
                 if was_idle and self.idx < n:
                     self.status = RUNNING
@@ -139,10 +146,15 @@ class SequenceWithMemory(ControlNode):
             elif st is RUNNING:
                 self.status = RUNNING
                 return RUNNING
-            elif st is FAILURE:
-                halt_children(children[self.idx :])
-                self.status = FAILURE
-                return FAILURE
+            elif st is stop:
+                if self._keeps_position:
+                    halt_children(children[self.idx :])
+                else:
+                    halt_children(children)
+                    self.idx = 0
+                    self.skipped = 0
+                self.status = stop
+                return stop
             else:
                 self.idx += 1
                 self.skipped += 1
@@ -152,8 +164,9 @@ class SequenceWithMemory(ControlNode):
             self.skipped = 0
             self.status = IDLE
             return SKIPPED
-        self.status = SUCCESS
-        return SUCCESS
+        self.skipped = 0
+        self.status = go_on
+        return go_on
 
 
 class ReactiveSequence(ControlNode):

@@ -38,9 +38,9 @@ from .node import (
     TreeNode,
 )
 from .ports import Port, PortDirection, normalize_ports, type_name
-from .spec_builder import RESERVED_NODE_IDS, SpecBuilder, literal_text
+from .spec_builder import RESERVED_NODE_IDS, SpecBuilder
 from .tree import Tree
-from .xml_io import parse_xml
+from .xml_io import literal_text, parse_xml
 
 __all__ = ["Factory", "Registration"]
 

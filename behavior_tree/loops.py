@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, ClassVar
 
-from .node import DecoratorNode
+from .node import DecoratorNode, tick_child
 from .ports import BidirectionalPort, InputPort, OutputPort, coerce, convert_from_string, type_name
 from .status import FAILURE, IDLE, RUNNING, SKIPPED, SUCCESS, Status
 
@@ -58,11 +58,8 @@ class LoopNode(DecoratorNode):
             st = self.get_input("if_empty")
             self.status = IDLE if st is SKIPPED else st
             return st
-        st = self.child.tick()
+        st = tick_child(self)
         self.child_running = st is RUNNING
-        if st is SUCCESS or st is FAILURE:
-            c = self.child
-            c.status = IDLE
         if st is FAILURE:
             self.status = FAILURE
             return FAILURE
@@ -99,26 +96,15 @@ class LoopNode(DecoratorNode):
         return True  # one element per tick: RUNNING by itself
 
 
-class LoopInt(LoopNode):
-    __slots__ = ()
-    item_type = int
+def _loop_class(name: str, item_type: type) -> type[LoopNode]:
+    cls = type(name, (LoopNode,), {"__slots__": (), "item_type": item_type,
+                                   "__module__": __name__,
+                                   "__doc__": f"LoopNode over {type_name(item_type)} elements."})
+    cls.ports = cls.loop_ports()
+    return cls
 
 
-class LoopBool(LoopNode):
-    __slots__ = ()
-    item_type = bool
-
-
-class LoopDouble(LoopNode):
-    __slots__ = ()
-    item_type = float
-
-
-class LoopString(LoopNode):
-    __slots__ = ()
-    item_type = str
-
-
-for _cls in (LoopInt, LoopBool, LoopDouble, LoopString):
-    _cls.ports = _cls.loop_ports()
-del _cls
+LoopInt = _loop_class("LoopInt", int)
+LoopBool = _loop_class("LoopBool", bool)
+LoopDouble = _loop_class("LoopDouble", float)
+LoopString = _loop_class("LoopString", str)

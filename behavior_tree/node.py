@@ -428,6 +428,16 @@ class DecoratorNode(ParentNode):
         self.status = IDLE
 
 
+def tick_child(node: DecoratorNode) -> Status:
+    """Tick a decorator's child; a child that completed (SUCCESS or FAILURE) is reset
+    to IDLE, ready to run again."""
+    c = node.child
+    st = c.tick()
+    if st is SUCCESS or st is FAILURE:
+        c.status = IDLE
+    return st
+
+
 def halt_children(children: tuple[TreeNode, ...]) -> None:
     """BT.CPP's resetChildren: halt the RUNNING ones, then all become IDLE."""
     for c in children:

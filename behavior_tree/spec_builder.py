@@ -37,11 +37,12 @@ from .guards import POST_CONDITIONS, PRE_CONDITIONS, guarded_class
 from .node import AsyncAction, FunctionAction, FunctionCondition, TreeNode
 from .ports import Port, blackboard_key, coerce, convert_from_string, normalize_ports, type_name
 from .subtree import SubTree
+from .xml_io import literal_text
 
 if TYPE_CHECKING:
     from .factory import Registration
 
-__all__ = ["SpecBuilder", "literal_text", "subtree_literal"]
+__all__ = ["SpecBuilder", "subtree_literal"]
 
 GUARD_ATTRS = frozenset(PRE_CONDITIONS + POST_CONDITIONS)
 # structural element names that are no registration (BT.CPP registers "SubTree")
@@ -69,15 +70,6 @@ def subtree_literal(text: str) -> Any:
     if _REAL.match(text):
         return float(text)
     return text
-
-
-def literal_text(value: Any) -> str:
-    """How a literal value is written in XML."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if hasattr(value, "name") and type(value).__name__ == "Status":
-        return value.name
-    return str(value)
 
 
 def _count(n: int, noun: str) -> str:

@@ -8,7 +8,7 @@ looked; an entry without a value is never updated.
 
 from __future__ import annotations
 
-from .node import ActionNode, DecoratorNode, TreeNode
+from .node import ActionNode, DecoratorNode, TreeNode, tick_child
 from .ports import InputPort
 from .status import FAILURE, IDLE, RUNNING, SKIPPED, SUCCESS, Status
 
@@ -60,11 +60,8 @@ class SkipUnlessUpdated(DecoratorNode):
             st = self.if_not_updated
             self.status = IDLE if st is SKIPPED else st
             return st
-        st = self.child.tick()
+        st = tick_child(self)
         self.running = st is RUNNING
-        if st is SUCCESS or st is FAILURE:
-            c = self.child
-            c.status = IDLE
         self.status = IDLE if st is SKIPPED else st
         return st
 

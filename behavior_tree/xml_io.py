@@ -19,7 +19,7 @@ from .errors import XMLFormatError
 if TYPE_CHECKING:
     from .definition import TreeDefinition
 
-__all__ = ["definition_to_xml", "element_to_xml", "parse_xml", "tolerant_text"]
+__all__ = ["definition_to_xml", "element_to_xml", "literal_text", "parse_xml", "tolerant_text"]
 
 
 def parse_xml(text: str | bytes, source: str = "<string>") -> Element:
@@ -197,7 +197,8 @@ def _escape(value: str) -> str:
             .replace('"', "&quot;").replace("\n", "&#10;").replace("\t", "&#9;"))
 
 
-def _attr_text(value: Any) -> str:
+def literal_text(value: Any) -> str:
+    """How a literal value is written in XML (``true``/``false``, status names)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if hasattr(value, "name") and type(value).__name__ == "Status":
@@ -208,7 +209,7 @@ def _attr_text(value: Any) -> str:
 def element_to_xml(el: Element, indent: int = 0, step: str = "  ") -> list[str]:
     """Lines of XML for ``el`` and its children (attributes in their given order)."""
     pad = step * indent
-    attrs = "".join(f' {k}="{_escape(_attr_text(v))}"' for k, v in el.attrs.items())
+    attrs = "".join(f' {k}="{_escape(literal_text(v))}"' for k, v in el.attrs.items())
     if el.text and not el.children:
         return [f"{pad}<{el.tag}{attrs}>{_escape(el.text)}</{el.tag}>"]
     if not el.children:

@@ -57,12 +57,19 @@ def test_a_higher_priority_branch_that_starts_running_halts_the_lower_one(factor
     assert probes.halts == {"Eat": 1}
 
 
-def test_reactive_sequence_restarts_an_earlier_async_child_that_completed(factory, probes):
-    # BT.CPP: when Talk starts, Walk (which succeeded) is reset; next tick Walk starts
-    # again and Talk is halted. Two async actions in a reactive sequence take turns.
+@pytest.fixture
+def walk_then_talk(factory, probes):
+    """A reactive sequence with a condition and two asynchronous actions."""
     probes.condition("Ok")
     probes.stateful("Walk", "Talk")
-    tree = factory.create_tree(wrap("<ReactiveSequence><Ok/><Walk/><Talk/></ReactiveSequence>"))
+    return factory.create_tree(wrap("<ReactiveSequence><Ok/><Walk/><Talk/></ReactiveSequence>"))
+
+
+def test_reactive_sequence_restarts_an_earlier_async_child_that_completed(walk_then_talk,
+                                                                          probes):
+    # BT.CPP: when Talk starts, Walk (which succeeded) is reset; next tick Walk starts
+    # again and Talk is halted. Two async actions in a reactive sequence take turns.
+    tree = walk_then_talk
     probes.set(Ok=True, Walk=R, Talk=R)
     assert tree.tick() is R
     probes.set(Walk=S)
@@ -75,10 +82,8 @@ def test_reactive_sequence_restarts_an_earlier_async_child_that_completed(factor
     assert probes.log == ["Ok", "Walk", "halt Talk"] and probes.starts == {"Walk": 1}
 
 
-def test_a_failing_condition_halts_whichever_async_child_runs(factory, probes):
-    probes.condition("Ok")
-    probes.stateful("Walk", "Talk")
-    tree = factory.create_tree(wrap("<ReactiveSequence><Ok/><Walk/><Talk/></ReactiveSequence>"))
+def test_a_failing_condition_halts_whichever_async_child_runs(walk_then_talk, probes):
+    tree = walk_then_talk
     probes.set(Ok=True, Walk=S, Talk=R)
     assert tree.tick() is R
     probes.set(Ok=False)

@@ -16,6 +16,14 @@ def sub(body: str, tree_id: str = "Sub") -> str:
     return f'<BehaviorTree ID="{tree_id}">{body}</BehaviorTree>'
 
 
+def sayer(factory, port_type: type | None = None) -> list:
+    """Register ``Say`` (port ``m``), which records what it reads; returns the record."""
+    said: list = []
+    factory.register_action("Say", lambda ctx: said.append(ctx.get_input("m")) or True,
+                            ports=[InputPort("m", type=port_type)])
+    return said
+
+
 def test_literal_subtree_ports_arrive_typed_like_convert_from_string(factory):
     tree = factory.create_tree(wrap(
         '<SubTree ID="Sub" int_val="42" dbl_val="3.14" flag="true" text="hello" pose="1;2"/>',
@@ -30,18 +38,14 @@ def test_literal_subtree_ports_arrive_typed_like_convert_from_string(factory):
 
 
 def test_a_typed_string_port_reads_a_numeric_literal_as_text(factory):
-    said = []
-    factory.register_action("Say", lambda ctx: said.append(ctx.get_input("msg")) or True,
-                            ports=[InputPort("msg", type=str)])
-    tree = factory.create_tree(wrap('<SubTree ID="Sub" n="42"/>', sub('<Say msg="{n}"/>')))
+    said = sayer(factory, str)
+    tree = factory.create_tree(wrap('<SubTree ID="Sub" n="42"/>', sub('<Say m="{n}"/>')))
     assert tree.tick() is S and said == ["42"]
 
 
 def test_literals_with_autoremap_stay_in_each_instance_and_out_of_the_callers_blackboard(
         factory):
-    said = []
-    factory.register_action("Say", lambda ctx: said.append(ctx.get_input("m")) or True,
-                            ports=["m"])
+    said = sayer(factory)
     tree = factory.create_tree(wrap(
         '<Sequence><SubTree ID="Sub" msg1="foo1" _autoremap="true"/>'
         '<SubTree ID="Sub" msg1="foo2" _autoremap="true"/></Sequence>',
@@ -54,9 +58,7 @@ def test_literals_with_autoremap_stay_in_each_instance_and_out_of_the_callers_bl
 
 def test_a_remapped_key_exists_once_the_tree_is_built(factory):
     # `=` assigns existing keys only; the SubTree's {myParam} created it at build time
-    said = []
-    factory.register_action("Say", lambda ctx: said.append(ctx.get_input("m")) or True,
-                            ports=["m"])
+    said = sayer(factory)
     tree = factory.create_tree(wrap(
         "<Sequence><Script code=\"myParam = 'hello'\"/><SubTree ID=\"Sub\" param=\"{myParam}\"/>"
         "<Script code=\"myParam = 'world'\"/><SubTree ID=\"Sub\" param=\"{myParam}\"/></Sequence>",
