@@ -62,12 +62,15 @@ class ExportedBundle:
 
 def export_bundle(model_dir: str | Path, out: str | Path, *, target: str = "arm",
                   zip_output: bool = False, force: bool = False, model_id: str | None = None,
-                  max_bytes: int = MAX_BUNDLE_BYTES, onnxruntime: str = DEFAULT_ONNXRUNTIME) -> ExportedBundle:
+                  max_bytes: int = MAX_BUNDLE_BYTES, onnxruntime: str = DEFAULT_ONNXRUNTIME,
+                  genai: bool = False) -> ExportedBundle:
     """Write the bundle of ``model_dir`` to ``out`` (a directory, or with ``zip_output`` a zip
     file: ``.zip`` is appended to ``out`` when missing). ``target``: ``arm`` (phones, Apple
     silicon) or ``x86`` (x86-64 desktops). ``onnxruntime``: the version that writes
     ``model.ort`` (installed on demand into a private cache, :mod:`mobile_export.toolchain`);
-    the game's onnxruntime must be that version or newer. The bundle's reference lines are
+    the game's onnxruntime must be that version or newer. ``genai``: the model goes to
+    ``genai/model.ort`` beside an onnxruntime-genai folder's files (:mod:`mobile_export.genai`),
+    so one copy serves both routes. The bundle's reference lines are
     replayed under that version and under the installed one before anything is written.
     Raises :class:`BundleExportError`.
     """
@@ -89,10 +92,10 @@ def export_bundle(model_dir: str | Path, out: str | Path, *, target: str = "arm"
     try:
         stage = staging / "bundle"
         stage.mkdir()
-        manifest = _build(src, stage, staging / "work", target, model_id or src.resolve().name, built_with)
+        manifest = _build(src, stage, staging / "work", target, model_id or src.resolve().name, built_with, genai)
         if built_with != installed_version():
             _replay(stage, built_with)
-        total = sum(p.stat().st_size for p in stage.iterdir())
+        total = sum(p.stat().st_size for p in stage.rglob("*") if p.is_file())
         zip_bytes = None
         if zip_output:
             archive = staging / "bundle.zip"
@@ -104,7 +107,8 @@ def export_bundle(model_dir: str | Path, out: str | Path, *, target: str = "arm"
         size = zip_bytes if zip_bytes is not None else total
         if size > max_bytes:
             raise BundleExportError(f"the bundle would be {size} bytes, over the {max_bytes}-byte "
-                                    f"budget (model.ort is {(stage / MODEL_FILE).stat().st_size} bytes)")
+                                    f"budget ({manifest['model']['file']} is "
+                                    f"{(stage / manifest['model']['file']).stat().st_size} bytes)")
         _move_into_place(final, dest, staging)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -112,7 +116,7 @@ def export_bundle(model_dir: str | Path, out: str | Path, *, target: str = "arm"
 
 
 def _build(src: Path, stage: Path, work: Path, target: str, model_id: str,
-           built_with: str) -> dict[str, Any]:
+           built_with: str, genai: bool) -> dict[str, Any]:
     from mobile_export.reference import compare_cases, generate_cases, reference_settings
     from runtime.client.onnx_model import FlashOnnx
 
@@ -139,6 +143,13 @@ def _build(src: Path, stage: Path, work: Path, target: str, model_id: str,
         raise BundleExportError(f"the ORT model for target {target}, written by onnxruntime {built_with}, "
                                 f"does not reproduce the Python runtime's tokens under onnxruntime "
                                 f"{installed_version()}: {'; '.join(mismatches[:5])}")
+    model_file = MODEL_FILE
+    if genai:
+        from mobile_export.genai import BUNDLE_SUBDIR, write_genai_files
+
+        write_genai_files(src, stage / BUNDLE_SUBDIR, model_file=stage / MODEL_FILE, side_files=False)
+        (stage / MODEL_FILE).unlink()
+        model_file = f"{BUNDLE_SUBDIR}/{MODEL_FILE}"
 
     config = json.loads((src / "config.json").read_text(encoding="utf-8"))
     tok = source.tokenizer
@@ -150,7 +161,7 @@ def _build(src: Path, stage: Path, work: Path, target: str, model_id: str,
         "model": {
             "id": model_id,
             "version": "sha256:" + sha256_file(src / SOURCE_MODEL)[:16],
-            "file": MODEL_FILE,
+            "file": model_file,
             "format": "ort",
             "target": target,
             "optimization": {"style": "Fixed", "level": "all", "target_platform": TARGETS[target]},
@@ -198,8 +209,8 @@ def _build(src: Path, stage: Path, work: Path, target: str, model_id: str,
         "operators": operators,
         "reference": {"file": "reference.json", "cases": len(expected), **settings},
     }
-    for path in sorted(stage.iterdir()):
-        manifest["files"].append({"path": path.name, "size": path.stat().st_size,
+    for path in sorted(p for p in stage.rglob("*") if p.is_file()):
+        manifest["files"].append({"path": path.relative_to(stage).as_posix(), "size": path.stat().st_size,
                                   "sha256": sha256_file(path)})
     _write_json(stage / MANIFEST, manifest)
     return manifest

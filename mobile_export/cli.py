@@ -65,6 +65,9 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
                         help="CPU the ORT model's fixed optimisations are for (default: arm for "
                              "mobile, this machine's for client)")
     mobile.add_argument("--zip", action="store_true", help="mobile: write one zip archive (OUT.zip)")
+    mobile.add_argument("--genai", action="store_true",
+                        help="mobile: also make the bundle an onnxruntime-genai model folder (genai/, "
+                             "holding the one model.ort; docs/mobile.md section 9)")
     mobile.add_argument("--onnxruntime", default=None, metavar="VERSION",
                         help="mobile: the onnxruntime release that writes model.ort; the game's must be "
                              "that or newer (default: 1.27.0, installed on demand into a private cache)")
@@ -90,7 +93,8 @@ def run_export(args: argparse.Namespace) -> int:
             from mobile_export.toolchain import DEFAULT_ONNXRUNTIME
 
             done = export_bundle(model, args.out, target=args.target or "arm", zip_output=args.zip,
-                                 force=args.force, onnxruntime=args.onnxruntime or DEFAULT_ONNXRUNTIME)
+                                 force=args.force, onnxruntime=args.onnxruntime or DEFAULT_ONNXRUNTIME,
+                                 genai=args.genai)
             for entry in done.manifest["files"]:
                 print(f"  {entry['path']}: {entry['size'] / 1e6:.3f} MB")
             size = f"{done.total_bytes / 1e6:.2f} MB" + (

@@ -24,6 +24,7 @@ NAME = "flashnpc-client"
 # never needed by the client; excluding them keeps the build small and fast and proves it
 EXCLUDES = ("torch", "torchvision", "onnx", "onnxscript", "matplotlib", "scipy", "pandas", "sympy",
             "IPython", "tkinter", "PIL", "pytest", "hypothesis", "yaml", "tqdm", "rich", "requests",
+            "cryptography", "cffi", "_cffi_backend", "onnxruntime_genai",
             "urllib3", "charset_normalizer", "onnxruntime.tools", "onnxruntime.quantization",
             "onnxruntime.transformers", "onnxruntime.training",
             "runtime.factory", "runtime.serving", "runtime.cli",  # the client engine is runtime.client

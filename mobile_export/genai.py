@@ -94,8 +94,11 @@ def write_genai_folder(model_dir: str | Path | None, out: str | Path, *, force: 
 
 
 def write_genai_files(model_dir: str | Path | None, dest: str | Path, *,
-                      model_file: str | Path | None = None) -> list[str]:
+                      model_file: str | Path | None = None, side_files: bool = True) -> list[str]:
     """Write the folder's files into ``dest`` (created if missing; must hold none of them).
+
+    ``side_files=False`` leaves out the project's tokenizer, catalog, constraints and fallbacks
+    (a bundle holds them at its root already).
 
     Not atomic by itself: for a caller that stages its own output (the bundle writer).
     Returns the names written, sorted. Raises :class:`GenaiExportError`.
@@ -115,8 +118,8 @@ def write_genai_files(model_dir: str | Path | None, dest: str | Path, *,
     genai = genai_config(config, tok, session, model_file=model.name, ort_format=ort_format)
 
     out = Path(dest)
-    names = [GENAI_CONFIG, HF_TOKENIZER, HF_TOKENIZER_CONFIG, PROJECT_TOKENIZER, model.name,
-             *(n for n in SIDE_FILES if (src / n).is_file())]
+    extras = [PROJECT_TOKENIZER, *(n for n in SIDE_FILES if (src / n).is_file())] if side_files else []
+    names = [GENAI_CONFIG, HF_TOKENIZER, HF_TOKENIZER_CONFIG, model.name, *extras]
     if clash := sorted(n for n in names if (out / n).exists()):
         raise GenaiExportError(f"{out}: already holds {', '.join(clash)}")
     try:
@@ -125,11 +128,9 @@ def write_genai_files(model_dir: str | Path | None, dest: str | Path, *,
         (out / HF_TOKENIZER).write_text(json.dumps(hf_tokenizer_json(tok), ensure_ascii=False) + "\n",
                                         encoding="utf-8")
         _write_json(out / HF_TOKENIZER_CONFIG, hf_tokenizer_config(tok, int(config["block_size"])))
-        shutil.copyfile(src / "tokenizer.json", out / PROJECT_TOKENIZER)
         shutil.copyfile(model, out / model.name)
-        for name in SIDE_FILES:
-            if (src / name).is_file():
-                shutil.copyfile(src / name, out / name)
+        for name in extras:
+            shutil.copyfile(src / ("tokenizer.json" if name == PROJECT_TOKENIZER else name), out / name)
     except OSError as exc:
         raise GenaiExportError(f"{out}: cannot write the folder ({exc.strerror or exc})") from exc
     return sorted(names)

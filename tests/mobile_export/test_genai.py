@@ -319,3 +319,24 @@ def test_write_genai_files_refuses_to_overwrite_in_a_callers_folder(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{}")
     with pytest.raises(GenaiExportError, match=r"already holds tokenizer\.json"):
         write_genai_files(None, tmp_path)
+
+
+def test_a_genai_bundle_holds_one_model_that_both_routes_run(engine, tmp_path):
+    """`export mobile --genai`: genai/model.ort is the bundle's model and the genai folder's."""
+    from mobile_export.bundle import export_bundle
+    from runtime.client.generator import LineGenerator
+
+    done = export_bundle(DEFAULT_MODEL_DIR, tmp_path / "b", zip_output=True, genai=True)
+    assert done.manifest["model"]["file"] == "genai/model.ort"
+    paths = [e["path"] for e in done.manifest["files"]]
+    assert "model.ort" not in paths and {"genai/genai_config.json", "genai/tokenizer.json"} <= set(paths)
+    assert done.zip_bytes is not None and done.zip_bytes <= 8_000_000
+    gen = LineGenerator.load(done.path, warmup=False)  # the runtime's route, through the verifying loader
+    model = og.Model(str(gen.model.bundle.root / "genai"))  # and genai's, on the same extracted file
+    tok = engine.tokenizer
+    for arch, state in (("guard", "alert"), ("innkeeper", "rest"), ("thief", "flee")):
+        prompt, _ = tok.encode_prompt(arch, (), state, "greet", {})
+        want = engine.generate_ids(prompt, max_tokens=MAX_TOKENS, temperature=0)
+        assert gen.model.generate_ids(prompt, max_tokens=MAX_TOKENS, temperature=0) == want
+        assert genai_greedy(model, prompt, MAX_TOKENS, tok.eos_id) == want
+    gen.close()
