@@ -17,6 +17,7 @@ See docs/behavior_tree.md for the node catalogue and semantics.
 """
 
 from . import builder
+from .async_controls import AsyncFallback, AsyncSequence, TryCatch
 from .blackboard import Blackboard
 from .controls import (
     Fallback,
@@ -54,7 +55,8 @@ from .errors import (
     XMLFormatError,
 )
 from .factory import Factory, Registration
-from .leaves import AlwaysFailure, AlwaysSuccess, SetBlackboard, Sleep
+from .leaves import AlwaysFailure, AlwaysSuccess, SetBlackboard, Sleep, UnsetBlackboard
+from .loops import LoopBool, LoopDouble, LoopInt, LoopString
 from .node import (
     ActionNode,
     AsyncAction,
@@ -72,18 +74,22 @@ from .status import FAILURE, IDLE, RUNNING, SKIPPED, SUCCESS, Status
 from .subtree import SubTree
 from .trace import TickRecord, TickTrace, Transition
 from .tree import NodeError, Tree
+from .updates import SkipUnlessUpdated, WaitValueUpdate, WasEntryUpdated
 
 __all__ = [
     "FAILURE", "IDLE", "RUNNING", "SKIPPED", "SUCCESS",
-    "ActionNode", "AlwaysFailure", "AlwaysSuccess", "AsyncAction", "BehaviorTreeError",
+    "ActionNode", "AlwaysFailure", "AlwaysSuccess", "AsyncAction", "AsyncFallback",
+    "AsyncSequence", "BehaviorTreeError",
     "BidirectionalPort", "Blackboard", "BlackboardError", "BlackboardTypeError",
     "ConditionNode", "ControlNode", "Cooldown", "DecoratorNode", "Delay", "Element",
     "Factory", "Fallback", "ForceFailure", "ForceSuccess", "IfThenElse", "InputPort",
-    "Inverter", "KeepRunningUntilFailure", "LeafNode", "NodeConfigError", "NodeError",
+    "Inverter", "KeepRunningUntilFailure", "LeafNode", "LoopBool", "LoopDouble", "LoopInt",
+    "LoopString", "NodeConfigError", "NodeError",
     "NodeSpec", "OutputPort", "Parallel", "ParallelAll", "Port", "PortError", "Precondition",
     "ReactiveFallback", "ReactiveSequence", "Registration", "Repeat", "RetryUntilSuccessful",
     "RunOnce", "Script", "ScriptCondition", "Sequence", "SequenceWithMemory", "SetBlackboard",
-    "Sleep", "StatefulAction", "Status", "SubTree", "Switch", "TickRecord", "TickTrace",
-    "Timeout", "Transition", "Tree", "TreeDefinition", "TreeLoadError", "TreeNode",
-    "TreeScheduler", "WhileDoElse", "XMLFormatError", "builder",
+    "SkipUnlessUpdated", "Sleep", "StatefulAction", "Status", "SubTree", "Switch", "TickRecord",
+    "TickTrace", "Timeout", "Transition", "Tree", "TreeDefinition", "TreeLoadError", "TreeNode",
+    "TreeScheduler", "TryCatch", "UnsetBlackboard", "WaitValueUpdate", "WasEntryUpdated",
+    "WhileDoElse", "XMLFormatError", "builder",
 ]

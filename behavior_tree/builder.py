@@ -32,11 +32,13 @@ if TYPE_CHECKING:
     from .ports import Port
 
 __all__ = [
-    "BNode", "action", "condition", "cooldown", "define", "delay", "fallback", "force_failure",
-    "force_success", "if_then_else", "inverter", "keep_running_until_failure", "node",
-    "parallel", "parallel_all", "precondition", "reactive_fallback", "reactive_sequence",
-    "repeat", "retry", "run_once", "script", "script_condition", "sequence",
-    "sequence_with_memory", "subtree", "switch", "timeout", "while_do_else",
+    "BNode", "action", "async_fallback", "async_sequence", "condition", "cooldown", "define",
+    "delay", "fallback", "force_failure", "force_success", "if_then_else", "inverter",
+    "keep_running_until_failure", "loop", "node", "parallel", "parallel_all", "precondition",
+    "reactive_fallback", "reactive_sequence", "repeat", "retry", "run_once", "script",
+    "script_condition", "sequence", "sequence_with_memory", "skip_unless_updated", "subtree",
+    "switch", "timeout", "try_catch", "unset_blackboard", "wait_value_update",
+    "was_entry_updated", "while_do_else",
 ]
 
 
@@ -124,6 +126,31 @@ inverter = _control("Inverter")
 force_success = _control("ForceSuccess")
 force_failure = _control("ForceFailure")
 keep_running_until_failure = _control("KeepRunningUntilFailure")
+async_sequence = _control("AsyncSequence")
+async_fallback = _control("AsyncFallback")
+try_catch = _control("TryCatch")  # try children..., catch child; catch_on_halt=True
+
+
+def loop(child: BNode, queue: str, value: str, *, item_type: str = "Int", **attrs: Any) -> BNode:
+    """``Loop<item_type>`` (Int, Bool, Double, String) over ``queue`` ("1;2;3" or "{key}"),
+    writing each element to ``value`` ("{key}")."""
+    return BNode(f"Loop{item_type}", (child,), {"queue": queue, "value": value, **attrs})
+
+
+def skip_unless_updated(child: BNode, entry: str, **attrs: Any) -> BNode:
+    return BNode("SkipUnlessUpdated", (child,), {"entry": entry, **attrs})
+
+
+def wait_value_update(child: BNode, entry: str, **attrs: Any) -> BNode:
+    return BNode("WaitValueUpdate", (child,), {"entry": entry, **attrs})
+
+
+def was_entry_updated(entry: str, **attrs: Any) -> BNode:
+    return BNode("WasEntryUpdated", (), {"entry": entry, **attrs})
+
+
+def unset_blackboard(key: str, **attrs: Any) -> BNode:
+    return BNode("UnsetBlackboard", (), {"key": key, **attrs})
 
 
 def parallel(*children: BNode, success_count: int = -1, failure_count: int = 1,

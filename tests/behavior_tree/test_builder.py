@@ -64,3 +64,18 @@ def test_anonymous_lambdas_are_named_after_their_kind():
     tree = d.instantiate()
     assert [n.name for n in tree.nodes()] == ["Sequence", "Condition", "Action"]
     assert tree.tick() is Status.SUCCESS
+
+
+def test_builder_helpers_cover_the_bt_cpp_4_10_nodes():
+    f = Factory()
+    seen = []
+    f.register_action("Use", lambda ctx: seen.append(ctx.get_input("v")) or True, ports=["v"])
+    d = b.define(b.try_catch(
+        b.async_sequence(b.loop(b.action("Use", v="{v}"), "1;2", "{v}"),
+                         b.skip_unless_updated(b.action("Use", v="{v}"), "{v}")),
+        b.unset_blackboard("v")), factory=f)
+    tree = d.instantiate()
+    while (st := tree.tick()) is Status.RUNNING:
+        pass
+    assert st is Status.SUCCESS and seen == [1, 2, 2]
+    assert f.load(d.to_xml()) == d
