@@ -3,7 +3,8 @@
     python -m mobile_export.coldstart DIR/flashnpc-client [--bundle PATH] [--runs 5]
 
 Starts each command ``--runs`` times in a fresh process (the packaged one with an empty
-environment) and measures wall time from spawn to the first NPC line on stdout. Prints the
+environment), the two interleaved so that a change in the machine's load hits both alike, and
+measures wall time from spawn to the first NPC line on stdout. Prints the
 median and minimum of each, and the ratio packaged / interpreter. The peer is
 ``python -m mobile_export.client_main`` on the packaged bundle (or ``--bundle``).
 """
@@ -47,10 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     exe = args.executable.resolve()
     bundle = args.bundle or exe.parent / "_internal" / "bundle"
     cwd = exe.parent.parent
-    packaged = [time_to_first_line([str(exe), "demo", "--lines", "1"], {}, cwd) for _ in range(args.runs)]
     peer_cmd = [sys.executable, "-m", "mobile_export.client_main", "demo", "--lines", "1",
                 "--bundle", str(bundle)]
-    peer = [time_to_first_line(peer_cmd, dict(os.environ), cwd) for _ in range(args.runs)]
+    packaged: list[float] = []
+    peer: list[float] = []
+    for _ in range(args.runs):
+        packaged.append(time_to_first_line([str(exe), "demo", "--lines", "1"], {}, cwd))
+        peer.append(time_to_first_line(peer_cmd, dict(os.environ), cwd))
     size = sum(p.stat().st_size for p in exe.parent.rglob("*") if p.is_file() and not p.is_symlink())
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
     print(f"build size: {size / 1e6:.1f} MB ({exe.parent})")
