@@ -254,7 +254,7 @@ class LineGenerator:
         else:
             self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache()
             self.active_params_pct = 0.0
-        self.metrics.active_params.set(self.active_params_pct)
+        self.metrics.set_active_params_percent(self.active_params_pct)
         self._seed_lock = threading.Lock()
         self._seed_rng = np.random.default_rng()
         self._stats_lock = threading.Lock()

@@ -5,19 +5,23 @@ tests, never collide); every sample carries a ``model_name`` label. Expose one g
 ``metrics.exposition()``, several with :func:`exposition` over their registries, or hang them
 on the process-wide registry with :func:`register_global`.
 
-=====================================  =========  ===============================================
-name                                   type       meaning
-=====================================  =========  ===============================================
-flash_prefix_cache_queries_total       counter    prefix tokens looked up in the prefix KV cache
-flash_prefix_cache_hits_total          counter    prefix tokens found there
-flash_time_to_first_token_seconds      histogram  request start to first decoded token
-flash_line_latency_seconds             histogram  request start to finished line (fallbacks too)
-flash_generation_tokens_total          counter    tokens decoded by the model
-flash_lines_total                      counter    lines returned, by ``source`` (model, fallback)
-flash_fallback_lines_total             counter    fallback lines, by ``reason``
-flash_active_params_percent            gauge      share of parameters a decoded token touches
-flash_router_confidence                gauge      mean top-1 router probability of the last line
-=====================================  =========  ===============================================
+============================================  =========  ============================================
+name                                          type       meaning
+============================================  =========  ============================================
+flashnpc_prefix_cache_queried_tokens_total    counter    prefix tokens looked up in the prefix KV cache
+flashnpc_prefix_cache_hit_tokens_total        counter    prefix tokens found there
+flashnpc_time_to_first_token_seconds          histogram  request start to first decoded token
+flashnpc_line_latency_seconds                 histogram  request start to finished line (fallbacks too)
+flashnpc_generation_tokens_total              counter    tokens decoded by the model
+flashnpc_lines_total                          counter    lines returned, by ``source`` (model, fallback)
+flashnpc_fallback_lines_total                 counter    fallback lines, by ``reason``
+flashnpc_active_params_ratio                  gauge      share (0-1) of parameters a decoded token touches
+flashnpc_router_confidence_ratio              gauge      mean top-1 router probability (0-1), last line
+============================================  =========  ============================================
+
+Names follow Prometheus conventions (docs/metrics.md): one ``flashnpc_`` prefix, base units in
+the name (``_seconds``, ``_tokens``), ``_total`` on counters, ratios in 0-1, durations as
+histograms.
 """
 
 from __future__ import annotations
@@ -41,23 +45,25 @@ class EngineMetrics:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         labels = ["model_name"]
         r = self.registry
-        self._queries = Counter("flash_prefix_cache_queries", "Prefix tokens looked up in the prefix KV cache.",
-                                labels, registry=r)
-        self._hits = Counter("flash_prefix_cache_hits", "Prefix tokens found in the prefix KV cache.",
+        self._queries = Counter("flashnpc_prefix_cache_queried_tokens",
+                                "Prefix tokens looked up in the prefix KV cache.", labels, registry=r)
+        self._hits = Counter("flashnpc_prefix_cache_hit_tokens", "Prefix tokens found in the prefix KV cache.",
                              labels, registry=r)
-        self._ttft = Histogram("flash_time_to_first_token_seconds", "Time from request start to the first token.",
-                               labels, buckets=_LATENCY_BUCKETS, registry=r)
-        self._latency = Histogram("flash_line_latency_seconds", "Time from request start to a finished line.",
+        self._ttft = Histogram("flashnpc_time_to_first_token_seconds",
+                               "Time from request start to the first token.", labels,
+                               buckets=_LATENCY_BUCKETS, registry=r)
+        self._latency = Histogram("flashnpc_line_latency_seconds", "Time from request start to a finished line.",
                                   labels, buckets=_LATENCY_BUCKETS, registry=r)
-        self._tokens = Counter("flash_generation_tokens", "Tokens decoded by the model.", labels, registry=r)
-        self._lines = Counter("flash_lines", "Lines returned, by source.", [*labels, "source"], registry=r)
-        self._fallbacks = Counter("flash_fallback_lines", "Fallback lines returned, by reason.",
+        self._tokens = Counter("flashnpc_generation_tokens", "Tokens decoded by the model.", labels, registry=r)
+        self._lines = Counter("flashnpc_lines", "Lines returned, by source.", [*labels, "source"], registry=r)
+        self._fallbacks = Counter("flashnpc_fallback_lines", "Fallback lines returned, by reason.",
                                   [*labels, "reason"], registry=r)
-        self._active = Gauge("flash_active_params_percent",
-                             "Share of the model's parameters a decoded token touches (percent).",
+        self._active = Gauge("flashnpc_active_params_ratio",
+                             "Share (0-1) of the model's parameters a decoded token touches.",
                              labels, registry=r)
-        self._router = Gauge("flash_router_confidence",
-                             "Mean top-1 router probability over the last model line's tokens.", labels, registry=r)
+        self._router = Gauge("flashnpc_router_confidence_ratio",
+                             "Mean top-1 router probability (0-1) over the last model line's tokens.",
+                             labels, registry=r)
         for reason in FALLBACK_REASONS:  # export zeros, so rates work from the first scrape
             self._fallbacks.labels(model_name, reason)
         for source in ("model", "fallback"):
@@ -84,13 +90,20 @@ class EngineMetrics:
         if router_confidence is not None and not fallback:
             self.router_confidence.set(router_confidence)
 
+    def set_active_params_percent(self, percent: float) -> None:
+        """Record the share of parameters a decoded token touches, given in percent (as
+        :func:`runtime.client.generator.active_params_percent` computes it); the gauge holds
+        the 0-1 ratio."""
+        self.active_params.set(percent / 100.0)
+
     def prefix_query(self, tokens: int, hit: bool) -> None:
+        """Record one prefix-cache lookup of ``tokens`` prefix tokens (found or not)."""
         self.queries.inc(tokens)
         if hit:
             self.hits.inc(tokens)
 
     def value(self, name: str, **labels: str) -> float:
-        """The current value of one sample (0.0 if absent), e.g. ``value("flash_generation_tokens_total")``."""
+        """The current value of one sample (0.0 if absent), e.g. ``value("flashnpc_generation_tokens_total")``."""
         v = self.registry.get_sample_value(name, {"model_name": self.model_name, **labels})
         return 0.0 if v is None else float(v)
 

@@ -40,11 +40,12 @@ What it guarantees:
   fallbacks from the same :class:`runtime.client.fallback.FallbackBook`.
 
 Metrics (Prometheus, own :class:`prometheus_client.CollectorRegistry`, ``model_name`` label):
-those of :class:`runtime.client.metrics.EngineMetrics` (``flash_line_latency_seconds`` is the
-end-to-end latency; ``flash_prefix_cache_hits_total`` gains a ``tier`` label, l1/l2/l3) plus
-``flash_num_requests_running``, ``flash_num_requests_waiting``, ``flash_batch_size``,
-``flash_inter_token_latency_seconds``, ``flash_requests_rejected_total``, ``flash_sessions``
-and ``flash_breaker_state`` (0 closed, 1 half-open, 2 open).
+those of :class:`runtime.client.metrics.EngineMetrics` (``flashnpc_line_latency_seconds`` is the
+end-to-end latency; ``flashnpc_prefix_cache_hit_tokens_total`` gains a ``tier`` label, l1/l2/l3) plus
+``flashnpc_requests_running``, ``flashnpc_requests_waiting``, ``flashnpc_batch_rows``,
+``flashnpc_inter_token_latency_seconds``, ``flashnpc_requests_rejected_total``,
+``flashnpc_dialogue_sessions`` and ``flashnpc_breaker_state`` (0 closed, 1 half-open, 2 open);
+docs/metrics.md lists them all.
 """
 
 from __future__ import annotations
@@ -218,21 +219,23 @@ class ServiceMetrics(EngineMetrics):
         r, labels = self.registry, ["model_name"]
         # the prefix cache is tiered here: hits carry the tier they came from
         r.unregister(self._hits)
-        self._tier_hits = Counter("flash_prefix_cache_hits", "Prefix tokens found in the prefix KV cache, by tier.",
-                                  [*labels, "tier"], registry=r)
+        self._tier_hits = Counter("flashnpc_prefix_cache_hit_tokens",
+                                  "Prefix tokens found in the prefix KV cache, by tier.", [*labels, "tier"],
+                                  registry=r)
         self.tier_hits = {t: self._tier_hits.labels(model_name, t) for t in TIERS}
-        self.running = Gauge("flash_num_requests_running", "Requests in the running batch.", labels,
+        self.running = Gauge("flashnpc_requests_running", "Requests in the running batch.", labels,
                              registry=r).labels(model_name)
-        self.waiting = Gauge("flash_num_requests_waiting", "Requests waiting for a batch slot.", labels,
+        self.waiting = Gauge("flashnpc_requests_waiting", "Requests waiting for a batch slot.", labels,
                              registry=r).labels(model_name)
-        self.batch_size = Histogram("flash_batch_size", "Rows per engine step.", labels, buckets=_BATCH_BUCKETS,
+        self.batch_size = Histogram("flashnpc_batch_rows", "Rows per engine step.", labels, buckets=_BATCH_BUCKETS,
                                     registry=r).labels(model_name)
-        self.itl = Histogram("flash_inter_token_latency_seconds", "Time between consecutive tokens of a line.",
+        self.itl = Histogram("flashnpc_inter_token_latency_seconds", "Time between consecutive tokens of a line.",
                              labels, buckets=_ITL_BUCKETS, registry=r).labels(model_name)
-        self.rejected = Counter("flash_requests_rejected", "Requests refused as busy (queue full).", labels,
+        self.rejected = Counter("flashnpc_requests_rejected", "Requests refused as busy (queue full).", labels,
                                 registry=r).labels(model_name)
-        self.sessions = Gauge("flash_sessions", "Open dialogue sessions.", labels, registry=r).labels(model_name)
-        self.breaker = Gauge("flash_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open.", labels,
+        self.sessions = Gauge("flashnpc_dialogue_sessions", "Open dialogue sessions.", labels,
+                              registry=r).labels(model_name)
+        self.breaker = Gauge("flashnpc_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open.", labels,
                              registry=r).labels(model_name)
         for reason in ("breaker_open",):
             self._fallbacks.labels(model_name, reason)
@@ -337,7 +340,7 @@ class DialogueService:
         self.min_mean_logprob = min_mean_logprob
         self.metrics = ServiceMetrics(name)
         self.registry = self.metrics.registry
-        self.metrics.active_params.set(active_params_percent(vars(engine.config)))
+        self.metrics.set_active_params_percent(active_params_percent(vars(engine.config)))
         self._slot_ids = {s: self.tokenizer._slot_id[s] for s in self.catalog.get("slots", ())}
         self._sessions: dict[str, Session] = {}
         self._ids = itertools.count(1)

@@ -260,9 +260,9 @@ async def _start_http(server: DialogueServer, host: str, port: int) -> tuple[Any
                                      ("lines", "lines answered", server.lines_total),
                                      ("fallback_lines", "lines answered with a fallback",
                                       server.fallbacks_total),
-                                     ("busy", "requests answered busy", server.busy_total),
-                                     ("frames_out", "frames sent", server.frames_out),
-                                     ("bytes_out", "payload bytes sent", server.bytes_out)):
+                                     ("busy_replies", "requests answered busy", server.busy_total),
+                                     ("sent_frames", "frames sent", server.frames_out),
+                                     ("sent_bytes", "payload bytes sent", server.bytes_out)):
                 yield c(f"flashnpc_dialogue_{name}", doc, value=value)
             errors = c("flashnpc_dialogue_errors", "errors sent, by code", labels=["code"])
             for code, n in sorted(server.errors.items()):

@@ -35,8 +35,7 @@ class _Collector:
         yield g("flashnpc_sync_clients", "connected WebSocket clients", value=len(srv.conns))
         yield g("flashnpc_sync_sessions", "sessions (connected or in their resume grace)",
                 value=len(core.sessions))
-        yield g("flashnpc_sync_tick_seconds", "duration of the last server tick",
-                value=srv.tick_seconds)
+        yield from srv.tick_duration.collect()
         for name, doc, value in (
             ("ticks", "server ticks", core.ticks),
             ("tick_overruns", "ticks that started late", srv.tick_overruns),
@@ -47,8 +46,8 @@ class _Collector:
             ("intents", "intents applied", core.intents_total),
             ("duplicate_intents", "intents received again (not re-applied)",
              core.duplicate_intents_total),
-            ("frames_out", "frames sent", srv.frames_out),
-            ("bytes_out", "payload bytes sent", srv.bytes_out),
+            ("sent_frames", "frames sent", srv.frames_out),
+            ("sent_bytes", "payload bytes sent", srv.bytes_out),
             ("connections", "connections accepted", srv.connections_total),
         ):
             yield c(f"flashnpc_sync_{name}", doc, value=value)

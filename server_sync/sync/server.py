@@ -23,6 +23,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client import Histogram
+
 from ..transport.gate import GateConfig, GateConn, GatedServer, RateBucket, close_with, ws_frame
 from ..transport.wire import PROTOCOL_VERSION, Codec
 from ..transport.ws_io import WsServerConnection
@@ -35,6 +37,9 @@ from .world import SyncWorld
 __all__ = ["RateBucket", "ServerConfig", "SyncServer", "close_with", "ws_frame"]
 
 log = logging.getLogger("flashnpc.server_sync")
+
+# bucket bounds (seconds) of flashnpc_sync_tick_duration_seconds: 20 Hz gives a tick 50 ms
+TICK_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
 @dataclass
@@ -66,6 +71,11 @@ class SyncServer(GatedServer):
         self.conns: dict[str, WsServerConnection] = {}  # player -> its live connection
         self.tick_seconds = 0.0  # duration of the last tick (world step to frames written)
         self.tick_history: deque[float] = deque(maxlen=4096)
+        # every tick's duration, for /metrics (a histogram outside any registry; the HTTP
+        # port's collector yields it)
+        self.tick_duration = Histogram("flashnpc_sync_tick_duration_seconds",
+                                       "Duration of each server tick (world step to frames written).",
+                                       buckets=TICK_BUCKETS, registry=None)
         self.tick_overruns = 0
         self.started_at = time.time()
         self.last_tick_error: tuple[float, str] | None = None
@@ -146,6 +156,7 @@ class SyncServer(GatedServer):
                 self._flush(s)
             self.tick_seconds = time.perf_counter() - t0
             self.tick_history.append(self.tick_seconds)
+            self.tick_duration.observe(self.tick_seconds)
             self.gc.step()
 
     def _flush(self, s: Session) -> None:

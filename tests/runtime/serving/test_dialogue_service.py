@@ -83,7 +83,7 @@ async def test_past_its_deadline_a_request_gets_a_marked_fallback_line(loaded):
         sid = svc.open_session(first(loaded, "archetypes"), state=first(loaded, "states"))
         line = await svc.request_line(sid, first(loaded, "intents"), deadline_ms=0)
         assert line.fallback and line.fallback_reason == "deadline" and line.text
-        assert svc.metrics.value("flash_fallback_lines_total", reason="deadline") == 1
+        assert svc.metrics.value("flashnpc_fallback_lines_total", reason="deadline") == 1
 
 
 async def test_a_full_queue_answers_busy_with_a_retry_time(loaded):
@@ -94,7 +94,7 @@ async def test_a_full_queue_answers_busy_with_a_retry_time(loaded):
         busy = [r for r in results if isinstance(r, Busy)]
         assert len(busy) == 2 and all(b.retry_after_ms >= 10 for b in busy)
         assert "retry after" in str(busy[0])
-        assert svc.metrics.value("flash_requests_rejected_total") == 2
+        assert svc.metrics.value("flashnpc_requests_rejected_total") == 2
 
 
 def test_breaker_opens_on_error_rate_and_closes_after_good_probes():
@@ -148,7 +148,7 @@ async def test_an_open_breaker_degrades_health_and_serves_fallbacks_to_non_criti
         assert line.fallback and line.fallback_reason == "breaker_open"
         critical = await svc.request_line(sid, first(loaded, "intents"), critical=True, max_tokens=4)
         assert critical.fallback_reason != "breaker_open"
-        assert b"flash_breaker_state" in svc.exposition()
+        assert b"flashnpc_breaker_state" in svc.exposition()
 
 
 async def test_opted_out_requests_run_in_their_own_lane(loaded):
@@ -168,21 +168,21 @@ async def test_streamed_pieces_make_up_the_line(loaded):
         assert "".join(items[:-1]) == line.text
 
 
-async def test_metrics_use_flash_names_with_per_tier_cache_hits(loaded):
+async def test_metrics_use_flashnpc_names_with_per_tier_cache_hits(loaded):
     async with service(loaded) as svc:
         arch, state, intent = first(loaded, "archetypes"), first(loaded, "states"), first(loaded, "intents")
         sid = svc.open_session(arch, state=state)
         for seed in range(3):
             await svc.request_line(sid, intent, seed=seed, max_tokens=4)
         text = svc.exposition().decode()
-        for name in ("flash_num_requests_running", "flash_num_requests_waiting", "flash_batch_size_bucket",
-                     "flash_time_to_first_token_seconds", "flash_inter_token_latency_seconds",
-                     "flash_line_latency_seconds", "flash_generation_tokens_total", "flash_active_params_percent",
-                     "flash_router_confidence", "flash_fallback_lines_total", "flash_breaker_state"):
+        for name in ("flashnpc_requests_running", "flashnpc_requests_waiting", "flashnpc_batch_rows_bucket",
+                     "flashnpc_time_to_first_token_seconds", "flashnpc_inter_token_latency_seconds",
+                     "flashnpc_line_latency_seconds", "flashnpc_generation_tokens_total", "flashnpc_active_params_ratio",
+                     "flashnpc_router_confidence_ratio", "flashnpc_fallback_lines_total", "flashnpc_breaker_state"):
             assert name in text, name
         assert 'tier="l3"' in text
         if loaded[3] == "torch":  # the onnxruntime engine keeps no prefix block cache
-            assert svc.metrics.value("flash_prefix_cache_hits_total", tier="l1") > 0
+            assert svc.metrics.value("flashnpc_prefix_cache_hit_tokens_total", tier="l1") > 0
 
 
 async def test_three_hundred_concurrent_sessions_all_get_lines(loaded):

@@ -241,7 +241,7 @@ async def test_health_reports_the_open_breaker_and_metrics_merge_the_service(loa
         status, body = await asyncio.to_thread(get, base + "/metrics")
         text = body.decode()
         assert status == 200 and "flashnpc_dialogue_lines_total 2.0" in text
-        assert "flash_breaker_state" in text and "flash_sessions" in text
+        assert "flashnpc_breaker_state" in text and "flashnpc_dialogue_sessions" in text
         await peer.ws.close()
 
 
