@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "bt": ("behavior_tree.cli", "", "behavior trees: validate, render, demo"),
     "train": ("runtime.cli", "train", "train the Flash line model"),
     "eval": ("runtime.cli", "eval", "evaluate a Flash model"),
+    "finetune": ("runtime.cli", "finetune", "fine-tune a Flash model on a studio's own lines"),
     "export": ("mobile_export.cli", "export",
                "export a trained model to ONNX / INT4, or a mobile bundle / packaged client"),
     "bundle": ("mobile_export.cli", "bundle", "check model bundles: flashnpc bundle verify PATH"),

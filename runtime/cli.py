@@ -228,6 +228,9 @@ def run_eval(args: argparse.Namespace) -> int:
     book = load_line_book(args.line_book)
     report = evaluate(args.model, line_book=book, cfg=cfg, progress=lambda m: print(f"· {m}", file=sys.stderr),
                       progress_bar=not args.no_progress)
+    from runtime.factory.finetune import eval_section, format_eval_section
+
+    finetuned = report["finetune"] = eval_section(args.model)  # None unless a `flashnpc finetune` output
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2))
     for name, value in report["figures"].items():
@@ -240,6 +243,8 @@ def run_eval(args: argparse.Namespace) -> int:
     print(format_writer_table(report["writer"]))
     failed = report["writer"]["failed"]
     print(f"writer figures: {len(failed)} of {len(report['writer']['checks'])} checks miss their target")
+    if finetuned is not None:
+        print(format_eval_section(finetuned))
     print(f"{'PASSED' if report['passed'] else 'FAILED'} in {report['seconds']:.0f} s -> {args.json}")
     return 0 if report["passed"] else 1
 
@@ -317,3 +322,19 @@ def run_export_onnx(args: argparse.Namespace) -> int:
           f"{int4['embedding']} embedding; onnxruntime {info['onnxruntime_version']}")
     print(f"wrote {out / 'export.json'}")
     return 0
+
+
+# --------------------------------------------------------------------------- flashnpc finetune
+
+def add_finetune_arguments(parser: argparse.ArgumentParser) -> None:
+    """``flashnpc finetune``'s flags, defined with the fine-tuner (:mod:`runtime.factory.finetune`)."""
+    from runtime.factory.finetune import add_arguments
+
+    add_arguments(parser)
+
+
+def run_finetune(args: argparse.Namespace) -> int:
+    """``flashnpc finetune --base MODEL --lines FILE --out DIR``: see docs/finetune.md."""
+    from runtime.factory.finetune import run
+
+    return run(args)

@@ -1,0 +1,844 @@
+"""Fine-tune a shipped Flash model on a studio's own lines (``flashnpc finetune``).
+
+The studio's file (CSV or JSONL, see docs/finetune.md) is read into :class:`StudioLine` rows;
+archetypes, persona traits and context values the base model does not know become new control
+tokens (the tokenizer is rebuilt with them, every other id shifted, the embedding rows moved
+with them). Then, in the default ``adapters`` mode:
+
+* the router, attention and expert weights, layer norms, position table and every existing
+  embedding row stay **frozen** (``requires_grad`` off, never touched by the optimiser);
+* LoRA adapters (rank ``rank``) on the attention projections, each expert's ``w1`` / ``w2``
+  and the output head train, with the new control tokens' embedding rows;
+* training runs under INT4 fake quantization (the export's formula), so what the adapters learn
+  survives the INT4 export; a share of each batch replays the base line book.
+
+The adapters are merged into the weights (``torch.nn.utils.parametrize``), the merged
+checkpoint is written to ``DIR`` and exported in place through
+:func:`runtime.factory.export.export_checkpoint`: ``DIR`` is a model directory that
+``LineGenerator.load(DIR)``, ``flashnpc eval --model DIR`` and ``flashnpc export mobile --model
+DIR`` take. ``mode="full"`` trains every weight instead (the contrast in docs/finetune.md).
+
+Router confidence is the mean top-1 router probability over the line tokens of the studio's
+lines and every MoE layer (teacher-forced, INT4 weights). Its checks are relative to the base
+model on the same lines (see docs/finetune.md for why): ``>= 0.85`` of the base's passes, below
+``0.7`` the export is refused unless ``force``.
+
+torch is imported inside the functions, so ``flashnpc`` builds its parser without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import re
+import sys
+import time
+import zlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from runtime.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from torch import Tensor, nn
+
+    from runtime.factory.model import Flash
+
+COLUMNS = ("archetype", "state", "line", "persona", "intent", "context")
+REQUIRED = ("archetype", "state", "line")
+DEFAULT_INTENT = "approach"
+PASS_RATIO = 0.85  # router confidence kept, relative to the base model: the check passes
+REFUSE_RATIO = 0.7  # below this the export is refused without force
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_SLOT_MARK = re.compile(r"\{([^{}]*)\}")
+_WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
+ADAPTED = ("attn.c_attn.weight", "attn.c_proj.weight", "ffn.w1", "ffn.w2",
+           "ffn.c_fc.weight", "ffn.c_proj.weight")
+
+
+class FinetuneError(ValueError):
+    """A fine-tune that cannot go on: bad rows (``problems`` lists each as ``file:line: field: ...``),
+    a base model that cannot be read, or router confidence below the export threshold."""
+
+    def __init__(self, message: str, problems: Sequence[str] = ()) -> None:
+        self.problems = list(problems)
+        shown = "\n".join(self.problems[:25])
+        more = f"\n... and {len(self.problems) - 25} more" if len(self.problems) > 25 else ""
+        super().__init__(f"{message}\n{shown}{more}" if self.problems else message)
+
+
+class RoutingRefused(FinetuneError):
+    """Router confidence fell under :data:`REFUSE_RATIO` of the base's: the checkpoint is written,
+    the export refused (``force`` exports anyway)."""
+
+
+# --------------------------------------------------------------------------- the studio's lines
+
+
+@dataclass(frozen=True)
+class StudioLine:
+    """One authored line and its tags (the fields :class:`runtime.factory.train.ExampleLike` reads)."""
+
+    archetype: str
+    state: str
+    text: str
+    persona: tuple[str, ...] = ()
+    intent: str = DEFAULT_INTENT
+    context: tuple[tuple[str, str], ...] = ()
+    where: str = ""  # file:line, for messages
+
+    def to_json(self) -> dict[str, Any]:
+        return {"archetype": self.archetype, "state": self.state, "line": self.text,
+                "persona": list(self.persona), "intent": self.intent, "context": dict(self.context)}
+
+
+def _rows(path: Path) -> Iterable[tuple[int, dict[str, Any] | str]]:
+    """(line number, row) for each row of a CSV or JSONL file; a string row is a parse error."""
+    text = path.read_text(encoding="utf-8-sig")
+    if path.suffix.lower() in (".jsonl", ".ndjson", ".json"):
+        for n, raw in enumerate(text.splitlines(), 1):
+            if not raw.strip() or raw.lstrip().startswith("#"):
+                continue
+            try:
+                obj = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                yield n, f"not a JSON object ({exc.msg} at column {exc.colno})"
+                continue
+            yield n, obj if isinstance(obj, dict) else f"not a JSON object (a {type(obj).__name__})"
+        return
+    reader = csv.DictReader(text.splitlines(keepends=True))
+    unknown = [c for c in reader.fieldnames or () if c and c.strip() not in COLUMNS]
+    missing = [c for c in REQUIRED if c not in [f.strip() for f in reader.fieldnames or ()]]
+    if unknown or missing:
+        what = [f"unknown column {c!r} (columns: {', '.join(COLUMNS)})" for c in unknown]
+        what += [f"missing column {c!r}" for c in missing]
+        yield 1, "; ".join(what)
+        return
+    for row in reader:
+        clean = {k.strip(): v for k, v in row.items() if k is not None}
+        if None in row:
+            yield reader.line_num, f"more fields than the header's {len(reader.fieldnames or ())}"
+            continue
+        yield reader.line_num, clean
+
+
+def _names(value: Any, field_name: str) -> list[str]:
+    if value is None:
+        return []
+    items = value if isinstance(value, list) else re.split(r"[;,\s]+", str(value))
+    out = [str(x).strip() for x in items if str(x).strip()]
+    for x in out:
+        if not _NAME.match(x):
+            raise ValueError(f"{field_name}: {x!r} is not a name (lower-case letters, digits, _)")
+    return out
+
+
+def _context(value: Any) -> list[tuple[str, str]]:
+    if value is None or value == "":
+        return []
+    if isinstance(value, dict):
+        pairs = [(str(k).strip(), str(v).strip()) for k, v in value.items()]
+    else:
+        pairs = []
+        for part in re.split(r"[;,]", str(value)):
+            if not part.strip():
+                continue
+            if "=" not in part:
+                raise ValueError(f"context: {part.strip()!r} is not slot=value")
+            k, v = part.split("=", 1)
+            pairs.append((k.strip(), v.strip()))
+    seen: dict[str, str] = {}
+    for k, v in pairs:
+        for what, x in (("slot", k), ("value", v)):
+            if not _NAME.match(x):
+                raise ValueError(f"context: {what} {x!r} is not a name (lower-case letters, digits, _)")
+        if k in seen and seen[k] != v:
+            raise ValueError(f"context: slot {k!r} given twice ({seen[k]!r}, {v!r})")
+        seen[k] = v
+    return list(seen.items())
+
+
+def read_lines(path: str | Path, base_catalog: Mapping[str, Any], *,
+               banned_words: Iterable[str] = ()) -> list[StudioLine]:
+    """Read and check a studio's CSV or JSONL file against the base model's catalog.
+
+    States and intents must be the base model's (a line voices one of the behaviour states the
+    game's trees produce); archetypes, persona traits, context slots and values may be new.
+    Every problem is collected and raised at once as a :class:`FinetuneError` whose problems
+    read ``file:line: field: what is wrong``.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise FinetuneError(f"{p}: no such file")
+    slots = set(base_catalog["slots"])
+    banned = [b.lower() for b in banned_words]
+    out: list[StudioLine] = []
+    problems: list[str] = []
+    for n, row in _rows(p):
+        where = f"{p}:{n}"
+        if isinstance(row, str):
+            problems.append(f"{where}: {row}")
+            continue
+        bad = [f"{where}: {k}: unknown field (fields: {', '.join(COLUMNS)})" for k in row if k not in COLUMNS]
+        problems += bad
+        values: dict[str, Any] = {}
+        for name in REQUIRED:
+            v = row.get(name)
+            if v is None or not str(v).strip():
+                problems.append(f"{where}: {name}: missing")
+            values[name] = str(v).strip() if v is not None else ""
+        try:
+            arch = _names(values["archetype"], "archetype")
+            if len(arch) > 1:
+                raise ValueError(f"archetype: one name, got {values['archetype']!r}")
+            if values["state"] and values["state"] not in base_catalog["states"]:
+                raise ValueError(f"state: {values['state']!r} is not a state of the base model "
+                                 f"({', '.join(base_catalog['states'])})")
+            intent = str(row.get("intent") or "").strip() or DEFAULT_INTENT
+            if intent not in base_catalog["intents"]:
+                raise ValueError(f"intent: {intent!r} is not an intent of the base model "
+                                 f"({', '.join(base_catalog['intents'])})")
+            persona = _names(row.get("persona"), "persona")
+            context = _context(row.get("context"))
+            text = " ".join(values["line"].split())
+            _check_text(text, slots, banned)
+        except ValueError as exc:
+            problems.append(f"{where}: {exc}")
+            continue
+        if bad or not all(values.values()):
+            continue
+        out.append(StudioLine(arch[0], values["state"], text, tuple(sorted(set(persona))), intent,
+                              tuple(context), where))
+    if problems:
+        raise FinetuneError(f"{p}: {len(problems)} bad row(s)", problems)
+    if not out:
+        raise FinetuneError(f"{p}: no lines")
+    return out
+
+
+def _check_text(text: str, slots: set[str], banned: Sequence[str]) -> None:
+    if not text:
+        return
+    try:
+        text.encode("ascii")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"line: non-ASCII character {text[exc.start]!r} at column {exc.start + 1} "
+                         "(the engine writes ASCII only; use ' and \" and ...)") from None
+    for m in _SLOT_MARK.finditer(text):
+        if m.group(1) not in slots:
+            raise ValueError(f"line: unknown slot {{{m.group(1)}}} (slots: "
+                             f"{', '.join('{' + s + '}' for s in sorted(slots))})")
+    if re.search(r"[{}]", _SLOT_MARK.sub("", text)):
+        raise ValueError("line: unmatched brace (only {slot} markers may use braces)")
+    low = " ".join(_WORD.findall(text.lower()))
+    for word in banned:
+        if re.search(rf"(?<![a-z']){re.escape(word)}(?![a-z'])", low):
+            raise ValueError(f"line: banned word {word!r}")
+
+
+def heldout(lines: Sequence[StudioLine], every: int = 10) -> tuple[list[StudioLine], list[StudioLine]]:
+    """Deterministic split: a line is held out when crc32 of its text is 0 mod ``every``."""
+    train, held = [], []
+    for line in lines:
+        (held if zlib.crc32(line.text.encode()) % every == 0 else train).append(line)
+    return train, held
+
+
+# --------------------------------------------------------------------------- catalog and tokens
+
+
+def extend_catalog(base: Mapping[str, Any], lines: Iterable[StudioLine]) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """The base catalog plus the lines' new archetypes, persona traits and context slots/values
+    (appended in order of first appearance); also returns the new names per kind."""
+    cat = json.loads(json.dumps(base))
+    added: dict[str, list[str]] = {"archetypes": [], "persona_traits": [], "context": []}
+    for line in lines:
+        if line.archetype not in cat["archetypes"]:
+            cat["archetypes"].append(line.archetype)
+            added["archetypes"].append(line.archetype)
+        for t in line.persona:
+            if t not in cat["persona_traits"]:
+                cat["persona_traits"].append(t)
+                added["persona_traits"].append(t)
+        for k, v in line.context:
+            values = cat["context"].setdefault(k, [])
+            if v not in values:
+                values.append(v)
+                added["context"].append(f"{k}={v}")
+    return cat, added
+
+
+def extend_tokenizer(tok: Tokenizer, catalog: Mapping[str, Any]) -> tuple[Tokenizer, list[int]]:
+    """A tokenizer for ``catalog`` with ``tok``'s merges, and old id -> new id.
+
+    Control tokens keep their names (new ones slot in by catalog order); bytes and merges move
+    up by the number of new control tokens.
+    """
+    probe = Tokenizer(catalog, [])
+    delta = probe.n_control - tok.n_control
+    new = Tokenizer(catalog, [(a + delta, b + delta) for a, b in tok.merges])
+    id_map = [new.id_of(t) for t in tok.controls] + [i + delta for i in range(tok.n_control, tok.vocab_size)]
+    return new, id_map
+
+
+def _init_row(token: str, old: Tokenizer, table: Tensor) -> Tensor:
+    """A new control token's starting embedding: the mean of the base tokens of its kind
+    (``<arch:*>``, ``<persona:*>``, ``<ctx:slot=*>``, else every ``<ctx:*>``)."""
+    import torch
+
+    kind = token.split(":", 1)[0] + ":"
+    if kind == "<ctx:":
+        slot = token[5:].split("=", 1)[0] + "="
+        same = [i for i, t in enumerate(old.controls) if t.startswith(f"<ctx:{slot}")]
+        ids = same or [i for i, t in enumerate(old.controls) if t.startswith("<ctx:")]
+    else:
+        ids = [i for i, t in enumerate(old.controls) if t.startswith(kind)]
+    return table[torch.tensor(ids)].mean(0) if ids else table[: old.n_control].mean(0)
+
+
+def resize_vocab(model: Flash, old: Tokenizer, new: Tokenizer, id_map: Sequence[int]) -> list[int]:
+    """Move ``model``'s token table and output head to ``new``'s ids (untied); returns the new
+    control tokens' ids, whose rows start as the mean of their kind's."""
+    import torch
+    from torch import nn
+
+    wte, head = model.transformer.wte.weight.detach(), model.lm_head.weight.detach()
+    new_ids = sorted(set(range(new.vocab_size)) - set(id_map))
+    index = torch.tensor(id_map)
+    tables = []
+    for table in (wte, head):
+        t = torch.empty(new.vocab_size, table.shape[1], dtype=table.dtype)
+        t[index] = table
+        for i in new_ids:
+            t[i] = _init_row(new.controls[i], old, table)
+        tables.append(t)
+    model.transformer.wte.weight = nn.Parameter(tables[0])
+    model.lm_head.weight = nn.Parameter(tables[1])
+    model.config.vocab_size = new.vocab_size
+    return new_ids
+
+
+# --------------------------------------------------------------------------- adapters
+
+
+def _lora_module(rank: int, alpha: float) -> type:
+    import torch
+    from torch import nn
+
+    class LoRA(nn.Module):
+        """W + (alpha / rank) * B @ A, batched over leading dims (one adapter per expert); B
+        starts at zero so training starts from the base model exactly."""
+
+        def __init__(self, weight: Tensor) -> None:
+            super().__init__()
+            *lead, out_f, in_f = weight.shape
+            self.scale = alpha / rank
+            self.A = nn.Parameter(torch.randn(*lead, rank, in_f) / math.sqrt(in_f))
+            self.B = nn.Parameter(torch.zeros(*lead, out_f, rank))
+
+        def forward(self, w: Tensor) -> Tensor:
+            return w + self.scale * (self.B @ self.A).to(w.dtype)
+
+    return LoRA
+
+
+def _rows_module() -> type:
+    import torch
+    from torch import nn
+
+    class NewRows(nn.Module):
+        """The table with trainable rows at ``ids`` (the new control tokens); others untouched."""
+
+        def __init__(self, weight: Tensor, ids: Sequence[int]) -> None:
+            super().__init__()
+            self.register_buffer("ids", torch.tensor(list(ids), dtype=torch.long))
+            self.rows = nn.Parameter(weight.detach()[self.ids].clone())
+
+        def forward(self, w: Tensor) -> Tensor:
+            return w.index_copy(0, self.ids, self.rows.to(w.dtype))
+
+    return NewRows
+
+
+def add_adapters(model: Flash, new_ids: Sequence[int], *, rank: int = 8, alpha: float = 16.0) -> list[nn.Parameter]:
+    """Freeze ``model`` and hang LoRA on attention, experts (each its own) and the output head,
+    and trainable rows on the token table for ``new_ids``; returns the trainable parameters."""
+    from torch.nn.utils import parametrize
+
+    for p in model.parameters():
+        p.requires_grad_(False)
+    lora, rows = _lora_module(rank, alpha), _rows_module()
+    for block in model.transformer.h:
+        for path in ADAPTED:
+            owner_name, _, attr = path.rpartition(".")
+            try:
+                owner = block.get_submodule(owner_name)
+            except AttributeError:  # an MLP layer has no experts, an MoE layer no c_fc
+                continue
+            if hasattr(owner, attr):
+                parametrize.register_parametrization(owner, attr, lora(getattr(owner, attr)))
+    parametrize.register_parametrization(model.lm_head, "weight", lora(model.lm_head.weight))
+    if new_ids:
+        parametrize.register_parametrization(model.transformer.wte, "weight",
+                                             rows(model.transformer.wte.weight, new_ids))
+    trainable = [p for n, p in model.named_parameters() if ".parametrizations." in n and not n.endswith(".original")]
+    for p in trainable:
+        p.requires_grad_(True)
+    return trainable
+
+
+def merge_adapters(model: Flash) -> None:
+    """Fold every adapter into its weight (plain parameters again, state-dict keys as trained)."""
+    from torch.nn.utils import parametrize
+
+    for module in list(model.modules()):
+        if parametrize.is_parametrized(module):
+            for name in list(module.parametrizations.keys()):
+                parametrize.remove_parametrizations(module, name, leave_parametrized=True)
+
+
+def frozen_weights(model: Flash) -> dict[str, Tensor]:
+    """Copies of every parameter that does not train (the frozen router and backbone)."""
+    return {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+
+
+# --------------------------------------------------------------------------- measures
+
+
+def router_confidence(model: Flash, seqs: Sequence[Any], pad_id: int, *, reference: Flash | None = None,
+                      batch_size: int = 64) -> dict[str, float]:
+    """Mean top-1 router probability over line tokens (eos included) and MoE layers of ``seqs``
+    (teacher-forced); with ``reference``, also the share of those tokens routed to the same
+    expert as by ``reference`` (fed the same ids)."""
+    import torch
+
+    from runtime.factory.train import collate
+
+    total = same = 0.0
+    count = 0
+    was = model.training
+    model.eval()
+    with torch.no_grad():
+        for i in range(0, len(seqs), batch_size):
+            x, _y, mask = collate(seqs[i:i + batch_size], pad_id)
+            probs = model(x).router_probs
+            m = mask.unsqueeze(-1).float()
+            for p in probs:
+                total += float((p.max(-1).values.unsqueeze(-1) * m).sum())
+                count += int(mask.sum())
+            if reference is not None:
+                for p, q in zip(probs, reference(x).router_probs, strict=True):
+                    same += float(((p.argmax(-1) == q.argmax(-1)).float() * mask).sum())
+    model.train(was)
+    out = {"mean_top1": total / max(count, 1)}
+    if reference is not None:
+        out["same_expert"] = same / max(count, 1)
+    return out
+
+
+def line_ce(model: Flash, seqs: Sequence[Any], pad_id: int) -> float:
+    """Mean cross-entropy per line token (the trainer's validation measure)."""
+    import torch
+
+    from runtime.factory.train import evaluate
+
+    return evaluate(model, seqs, pad_id, torch.device("cpu"))
+
+
+# --------------------------------------------------------------------------- base model and side files
+
+
+@dataclass
+class Base:
+    """The model a fine-tune starts from and the files that go with it."""
+
+    model: Flash
+    tokenizer: Tokenizer
+    catalog: dict[str, Any]
+    constraints: dict[str, Any]
+    fallbacks: dict[str, dict[str, list[str]]]
+    path: Path
+
+
+def load_base(path: str | Path | None) -> Base:
+    """A model directory (weights rebuilt from its INT4 graph, as the serving engine does) or a
+    checkpoint directory with ``model.pt`` (untied, so the head can move on its own); side files
+    missing there come from the shipped model."""
+    from runtime.paths import DEFAULT_MODEL_DIR
+    from runtime.serving.batched_engine import EngineLoadError, load_flash
+
+    root = Path(path) if path is not None else DEFAULT_MODEL_DIR
+    try:
+        if (root / "model.pt").is_file():
+            model, tok, _ = load_flash(DEFAULT_MODEL_DIR, checkpoint=root)
+            from torch import nn
+
+            model.lm_head.weight = nn.Parameter(model.lm_head.weight.detach().clone())
+        else:
+            model, tok, _ = load_flash(root)
+    except EngineLoadError as exc:
+        raise FinetuneError(f"--base {root}: {exc}") from exc
+
+    def side(name: str) -> Any:
+        f = root / name if (root / name).is_file() else DEFAULT_MODEL_DIR / name
+        return json.loads(f.read_text(encoding="utf-8"))
+
+    model.set_qat(False)
+    return Base(model.float(), tok, side("catalog.json"), side("constraints.json"), side("fallbacks.json"), root)
+
+
+def extend_constraints(cons: Mapping[str, Any], lines: Sequence[StudioLine], catalog: Mapping[str, Any]) -> dict[str, Any]:
+    """constraints.json for the fine-tune: the vocabulary gains every word of the studio's lines;
+    a signature phrase a studio line says under another tag stops being a signature (it no longer
+    voices one tag only); new archetypes get slot rules (the slots their lines use)."""
+    from runtime.factory.text_metrics import SignatureIndex
+
+    out = json.loads(json.dumps(cons))
+    vocab = set(out.get("vocabulary") or ())
+    for line in lines:
+        vocab.update(_WORD.findall(_SLOT_MARK.sub(" ", line.text).lower()))
+    if out.get("vocabulary") is not None:
+        out["vocabulary"] = sorted(vocab)
+    sigs: dict[str, list[str]] = out.get("signatures") or {}
+    drop: dict[str, set[str]] = {}
+    for tag, phrases in sigs.items():
+        index = SignatureIndex({tag: phrases})
+        for line in lines:
+            mine = {f"archetype:{line.archetype}", *(f"persona:{t}" for t in line.persona),
+                    *(f"context:{k}={v}" for k, v in line.context)}
+            if tag in mine or not index.hits(line.text):
+                continue
+            for phrase in phrases:
+                if SignatureIndex({tag: [phrase]}).hits(line.text):
+                    drop.setdefault(tag, set()).add(phrase)
+    for tag, gone in drop.items():
+        sigs[tag] = [p for p in sigs[tag] if p not in gone]
+    rules = out["slot_rules"]["archetype"]
+    for arch in catalog["archetypes"]:
+        if arch not in rules:
+            used = {m for line in lines if line.archetype == arch for m in _SLOT_MARK.findall(line.text)}
+            rules[arch] = sorted(used)
+    out["signatures_dropped"] = {t: sorted(g) for t, g in sorted(drop.items())}
+    return out
+
+
+def extend_fallbacks(fallbacks: Mapping[str, Mapping[str, list[str]]], lines: Sequence[StudioLine],
+                     per_pair: int = 6, max_words: int = 14) -> dict[str, dict[str, list[str]]]:
+    """Fallback lines for the studio's (archetype, state) pairs: its shortest slot-free lines."""
+    out = {a: {s: list(v) for s, v in states.items()} for a, states in fallbacks.items()}
+    pairs: dict[tuple[str, str], list[str]] = {}
+    for line in lines:
+        if "{" not in line.text and len(line.text.split()) <= max_words and not line.context:
+            pairs.setdefault((line.archetype, line.state), []).append(line.text)
+    for (arch, state), texts in sorted(pairs.items()):
+        out.setdefault(arch, {})[state] = sorted(set(texts), key=lambda t: (len(t), t))[:per_pair]
+    return out
+
+
+# --------------------------------------------------------------------------- fine-tuning
+
+
+@dataclass
+class FinetuneConfig:
+    """Settings of one fine-tune (defaults: the documented run)."""
+
+    mode: str = "adapters"  # or "full": every weight trains (the contrast)
+    epochs: float = 6.0
+    steps: int | None = None  # overrides epochs
+    batch_size: int = 32
+    replay: float = 0.25  # share of each batch drawn from the base line book
+    rank: int = 8
+    alpha: float = 16.0
+    lr: float | None = None  # default: 2e-3 for adapters, 3e-4 for full
+    warmup_steps: int = 10
+    qat: bool = True
+    seed: int = 0
+    heldout_every: int = 10
+    force: bool = False
+    export: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("adapters", "full"):
+            raise ValueError(f"mode must be 'adapters' or 'full', got {self.mode!r}")
+        if not 0.0 <= self.replay < 1.0:
+            raise ValueError(f"replay must be in [0, 1), got {self.replay!r}")
+        if self.rank < 1 or self.batch_size < 1 or (self.steps is not None and self.steps < 1):
+            raise ValueError("rank, batch_size and steps must be positive")
+
+    @property
+    def learning_rate(self) -> float:
+        return self.lr if self.lr is not None else (2e-3 if self.mode == "adapters" else 3e-4)
+
+
+def _replay_examples(tokenizer: Tokenizer, n: int, seed: int, block_size: int) -> list[Any]:
+    """``n`` training lines of the default line book, spread over it (seeded)."""
+    import random
+
+    from runtime.factory.linebook import load_line_book
+    from runtime.factory.train import encode_examples
+
+    train = load_line_book().split().train
+    picked = random.Random(seed).sample(range(len(train)), min(n, len(train)))
+    return encode_examples(tokenizer, [train[i] for i in sorted(picked)], block_size)[0]
+
+
+def finetune(base_path: str | Path | None, lines_path: str | Path, out_dir: str | Path,
+             cfg: FinetuneConfig | None = None, *, progress: bool = True,
+             on_step: Callable[[int, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Fine-tune ``base_path`` on the studio's ``lines_path`` into ``out_dir``; returns the report
+    (also written to ``out_dir/finetune.json``). See the module docstring."""
+    import copy
+
+    import torch
+
+    from runtime.factory.export import export_checkpoint
+    from runtime.factory.train import (
+        TrainConfig,
+        _progress,
+        batch_indices,
+        collate,
+        encode_examples,
+        learning_rate,
+    )
+
+    cfg = cfg or FinetuneConfig()
+    t_start = time.perf_counter()
+    base = load_base(base_path)
+    lines = read_lines(lines_path, base.catalog, banned_words=base.constraints.get("banned_words", ()))
+    train_lines, held_lines = heldout(lines, cfg.heldout_every)
+    catalog, added = extend_catalog(base.catalog, lines)
+    tok, id_map = extend_tokenizer(base.tokenizer, catalog)
+    model = base.model
+    new_ids = resize_vocab(model, base.tokenizer, tok, id_map)
+    block = model.config.block_size
+    too_long = [ln.where for ln in lines if len(encode_examples(tok, [ln], block)[0]) == 0]
+    if too_long:
+        raise FinetuneError(f"{lines_path}: {len(too_long)} line(s) too long for the model's {block} tokens",
+                            [f"{w}: line: too long (prompt + line over {block} tokens)" for w in too_long])
+    reference = copy.deepcopy(model).eval()
+    reference.set_qat(cfg.qat)
+    for p in reference.parameters():
+        p.requires_grad_(False)
+
+    torch.manual_seed(cfg.seed)
+    if cfg.mode == "adapters":
+        trainable = add_adapters(model, new_ids, rank=cfg.rank, alpha=cfg.alpha)
+    else:
+        trainable = list(model.parameters())
+        for p in trainable:
+            p.requires_grad_(True)
+    frozen = frozen_weights(model)
+    model.set_qat(cfg.qat)
+
+    studio = encode_examples(tok, train_lines, block)[0]
+    studio_held = encode_examples(tok, held_lines, block)[0]
+    all_studio = encode_examples(tok, lines, block)[0]
+    n_replay = round(cfg.batch_size * cfg.replay)
+    n_studio = cfg.batch_size - n_replay
+    steps = cfg.steps or max(1, math.ceil(cfg.epochs * len(studio) / n_studio))
+    replay = _replay_examples(tok, max(256, steps * n_replay // 4), cfg.seed, block) if n_replay else []
+    replay_probe = replay[:: max(1, len(replay) // 256)][:256]
+
+    before = {"router": router_confidence(reference, all_studio, tok.pad_id),
+              "heldout_ce": line_ce(reference, studio_held, tok.pad_id) if studio_held else None,
+              "replay_ce": line_ce(reference, replay_probe, tok.pad_id) if replay_probe else None}
+
+    tcfg = TrainConfig(steps=steps, lr=cfg.learning_rate, min_lr=cfg.learning_rate / 10,
+                       warmup_steps=min(cfg.warmup_steps, steps - 1), seed=cfg.seed)
+    optimizer = torch.optim.AdamW(trainable, lr=tcfg.lr, betas=(0.9, 0.95),
+                                  weight_decay=0.0 if cfg.mode == "adapters" else 0.1)
+    lengths = [len(s.ids) for s in studio]
+    model.train()
+    bar = _progress(range(steps), initial=0, total=steps, enabled=progress)
+    bar.set_description(f"finetune ({cfg.mode})")
+    records = []
+    t0 = time.perf_counter()
+    for step in bar:
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, tcfg)
+        batch = [studio[i] for i in batch_indices(len(studio), n_studio, step, cfg.seed, lengths, group=8)]
+        if n_replay:
+            batch += [replay[i] for i in batch_indices(len(replay), n_replay, step, cfg.seed + 1)]
+        x, y, mask = collate(batch, tok.pad_id)
+        result = model(x, y, loss_mask=mask)
+        optimizer.zero_grad(set_to_none=True)
+        result.loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        optimizer.step()
+        record = {"step": step, "ce": result.ce_loss.item(), "elapsed_s": time.perf_counter() - t0}
+        records.append(record)
+        if step % 5 == 0:
+            bar.set_postfix(loss=f"{record['ce']:.3f}")
+        if on_step is not None:
+            on_step(step, record)
+    train_s = time.perf_counter() - t0
+
+    unchanged = {n: bool(torch.equal(w, dict(model.named_parameters())[n].detach())) for n, w in frozen.items()}
+    merge_adapters(model)
+    after = {"router": router_confidence(model, all_studio, tok.pad_id, reference=reference),
+             "heldout_ce": line_ce(model, studio_held, tok.pad_id) if studio_held else None,
+             "replay_ce": line_ce(model, replay_probe, tok.pad_id) if replay_probe else None}
+    ratio = after["router"]["mean_top1"] / max(before["router"]["mean_top1"], 1e-9)
+    report: dict[str, Any] = {
+        "base": str(base.path), "lines": str(lines_path), "mode": cfg.mode, "config": asdict(cfg),
+        "counts": {"lines": len(lines), "train": len(train_lines), "heldout": len(held_lines),
+                   "archetypes": sorted({ln.archetype for ln in lines})},
+        "added": added, "new_token_ids": new_ids, "vocab_size": tok.vocab_size,
+        "trainable_params": sum(p.numel() for p in trainable),
+        "total_params": sum(p.numel() for p in model.parameters()),
+        "steps": steps, "train_s": train_s,
+        "frozen_unchanged": all(unchanged.values()) if unchanged else None, "frozen_tensors": len(unchanged),
+        "before": before, "after": after,
+        "router_confidence": {"base": before["router"]["mean_top1"], "finetuned": after["router"]["mean_top1"],
+                              "ratio": ratio, "same_expert": after["router"]["same_expert"],
+                              "pass_ratio": PASS_RATIO, "refuse_ratio": REFUSE_RATIO,
+                              "passed": ratio >= PASS_RATIO},
+        "loss": records[:: max(1, len(records) // 50)] + records[-1:],
+    }
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.set_qat(False)
+    torch.save({"config": asdict(model.config), "model": model.state_dict(), "step": steps,
+                "finetune": {k: report[k] for k in ("base", "mode", "added")}}, out / "model.pt")
+    (out / "config.json").write_text(json.dumps(asdict(model.config), indent=2) + "\n")
+    (out / "catalog.json").write_text(json.dumps(catalog, indent=2) + "\n")
+    tok.save(out / "tokenizer.json")
+    cons = extend_constraints(base.constraints, lines, catalog)
+    report["signatures_dropped"] = cons.pop("signatures_dropped")
+    (out / "constraints.json").write_text(json.dumps(cons, ensure_ascii=False, separators=(",", ":")) + "\n")
+    fallbacks = extend_fallbacks(base.fallbacks, lines)
+    (out / "fallbacks.json").write_text(json.dumps(fallbacks, indent=2, ensure_ascii=False) + "\n")
+    with (out / "studio_lines.jsonl").open("w", encoding="utf-8") as f:
+        for line in lines:
+            f.write(json.dumps({**line.to_json(), "heldout": line in held_lines}) + "\n")
+    refused = ratio < REFUSE_RATIO and not cfg.force
+    report["exported"] = False
+    if refused:
+        report["refused"] = (f"router confidence {after['router']['mean_top1']:.3f} is {ratio:.2f} of the base's "
+                             f"{before['router']['mean_top1']:.3f}, under {REFUSE_RATIO}: routing has failed; "
+                             "not exported (--force exports anyway)")
+    elif cfg.export:
+        report["export"] = export_checkpoint(out, out)
+        report["exported"] = True
+    report["wall_s"] = time.perf_counter() - t_start
+    (out / "finetune.json").write_text(json.dumps(report, indent=2) + "\n")
+    if refused:
+        raise RoutingRefused(f"{out}: {report['refused']}")
+    return report
+
+
+# --------------------------------------------------------------------------- flashnpc eval's section
+
+
+def read_studio_lines(model_dir: str | Path) -> list[StudioLine] | None:
+    """The lines a fine-tuned model directory was trained on (``studio_lines.jsonl``), or None."""
+    path = Path(model_dir) / "studio_lines.jsonl"
+    if not path.is_file():
+        return None
+    out = []
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        d = json.loads(raw)
+        out.append(StudioLine(d["archetype"], d["state"], d["line"], tuple(d["persona"]), d["intent"],
+                              tuple(d["context"].items())))
+    return out
+
+
+def eval_section(model_dir: str | Path | None) -> dict[str, Any] | None:
+    """``flashnpc eval``'s fine-tune section: router confidence on the studio's lines, measured
+    on the exported INT4 graph (weights rebuilt from it), against the base figure the fine-tune
+    recorded; None for a model that is not a fine-tune."""
+    if model_dir is None:
+        return None
+    lines = read_studio_lines(model_dir)
+    info_path = Path(model_dir) / "finetune.json"
+    if lines is None or not info_path.is_file():
+        return None
+    from runtime.factory.train import encode_examples
+    from runtime.serving.batched_engine import load_flash
+
+    model, tok, _ = load_flash(model_dir)
+    seqs = encode_examples(tok, lines, model.config.block_size)[0]
+    conf = router_confidence(model, seqs, tok.pad_id)["mean_top1"]
+    info = json.loads(info_path.read_text())
+    base = info["router_confidence"]["base"]
+    ratio = conf / max(base, 1e-9)
+    return {"router_confidence": conf, "base_router_confidence": base, "ratio": ratio,
+            "passed": ratio >= PASS_RATIO, "lines": len(lines), "mode": info.get("mode")}
+
+
+def format_eval_section(section: Mapping[str, Any]) -> str:
+    mark = "PASS" if section["passed"] else "FAIL"
+    return (f"fine-tune ({section['mode']}, {section['lines']} studio lines):\n"
+            f"{mark}  router confidence (mean top-1)      {section['router_confidence']:.4f}"
+            f"  (base {section['base_router_confidence']:.4f}, ratio {section['ratio']:.3f}, "
+            f"target >= {PASS_RATIO})")
+
+
+# --------------------------------------------------------------------------- flashnpc finetune
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``flashnpc finetune``."""
+    d = FinetuneConfig()
+    parser.add_argument("--base", type=Path, default=None, metavar="MODEL",
+                        help="model directory or checkpoint to start from (default: the shipped model)")
+    parser.add_argument("--lines", type=Path, required=True, metavar="FILE", help="the studio's lines, CSV or JSONL")
+    parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="model directory to write")
+    parser.add_argument("--mode", choices=("adapters", "full"), default=d.mode,
+                        help="adapters: router and backbone frozen (default); full: every weight trains")
+    parser.add_argument("--epochs", type=float, default=d.epochs, help=f"passes over the lines (default {d.epochs:g})")
+    parser.add_argument("--steps", type=int, default=None, help="optimiser steps (overrides --epochs)")
+    parser.add_argument("--rank", type=int, default=d.rank, help=f"LoRA rank (default {d.rank})")
+    parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default 2e-3 adapters, 3e-4 full)")
+    parser.add_argument("--replay", type=float, default=d.replay,
+                        help=f"share of each batch from the base line book (default {d.replay})")
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all, at most 8)")
+    parser.add_argument("--force", action="store_true", help="export even when routing has failed")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``flashnpc finetune``."""
+    import os
+
+    import torch
+
+    torch.set_num_threads(args.threads or min(os.cpu_count() or 1, 8))
+    try:
+        cfg = FinetuneConfig(mode=args.mode, epochs=args.epochs, steps=args.steps, rank=args.rank, lr=args.lr,
+                             replay=args.replay, seed=args.seed, force=args.force)
+        report = finetune(args.base, args.lines, args.out, cfg, progress=not args.no_progress)
+    except (FinetuneError, ValueError) as exc:
+        print(f"flashnpc finetune: error: {exc}", file=sys.stderr)
+        return 1 if isinstance(exc, RoutingRefused) else 2
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    rc = report["router_confidence"]
+    print(f"{report['counts']['lines']} lines ({report['counts']['heldout']} held out), added "
+          f"{sum(len(v) for v in report['added'].values())} control tokens "
+          f"({', '.join(a for v in report['added'].values() for a in v) or 'none'})")
+    print(f"{report['mode']}: {report['trainable_params']:,} of {report['total_params']:,} weights trained, "
+          f"{report['steps']} steps in {report['train_s']:.0f} s; frozen weights unchanged: {report['frozen_unchanged']}")
+    print(f"router confidence {rc['finetuned']:.3f} (base {rc['base']:.3f}, ratio {rc['ratio']:.3f}, "
+          f"same expert {rc['same_expert']:.1%}) {'PASS' if rc['passed'] else 'FAIL'}")
+    b, a = report["before"], report["after"]
+    if b["heldout_ce"] is not None:
+        print(f"held-out studio lines CE {b['heldout_ce']:.3f} -> {a['heldout_ce']:.3f}")
+    if b["replay_ce"] is not None:
+        print(f"base book lines CE {b['replay_ce']:.3f} -> {a['replay_ce']:.3f}")
+    print(f"wrote {args.out}" + (" (exported)" if report["exported"] else ""))
+    return 0
+
+
+__all__ = ["FinetuneConfig", "FinetuneError", "RoutingRefused", "StudioLine", "add_adapters", "add_arguments", "eval_section",
+           "extend_catalog", "extend_constraints", "extend_tokenizer", "finetune", "format_eval_section",
+           "frozen_weights", "heldout", "load_base", "merge_adapters", "read_lines", "resize_vocab",
+           "router_confidence", "run"]
