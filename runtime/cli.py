@@ -16,12 +16,16 @@ DIR already holds a tokenizer.json.
     flashnpc eval blind --model DIR --model-lines N --book-lines M --seed S --out FILE.csv
     flashnpc eval unblind FILE.csv [--json OUT]
 
-``flashnpc export [--model CKPT] [--out DIR] [--accuracy-level 0|4]`` (or ``export onnx``):
-checkpoint -> model directory. Writes ``model.onnx`` (fp32 reference), ``model.int4.onnx``
-(shipped: INT4, truly sparse experts), copies tokenizer.json / config.json / catalog.json (and
-fallbacks.json, or builds it from the default line book), and writes ``export.json``. The
-``export`` command and its mobile and client forms are :mod:`mobile_export.cli`'s; it calls
-:func:`add_export_onnx_arguments` and :func:`run_export_onnx` for this one.
+``flashnpc export onnx --model CKPT --out DIR [--accuracy-level 0|4]``: checkpoint -> model
+directory. Writes ``model.onnx`` (fp32 reference), ``model.int4.onnx`` (shipped: INT4, truly
+sparse experts), copies tokenizer.json / config.json / catalog.json (and fallbacks.json, or
+builds it from the default line book), and writes ``export.json``. ``--out`` is required: to
+refresh the shipped model, name ``runtime/assets/flash`` yourself. The ``export`` command and
+its other forms are :mod:`mobile_export.cli`'s; it calls :func:`add_export_onnx_arguments` and
+:func:`run_export_onnx` for this one.
+
+``--json`` (train, export onnx) prints the figures as one JSON object on stdout instead of the
+text; progress bars go to stderr (``--no-progress``, or ``train --quiet``, turns them off).
 
 Everything heavy (torch, the model factory) is imported inside the commands, so the
 ``flashnpc`` dispatcher can build its parser without them.
@@ -42,15 +46,28 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runtime.console import Progress, print_json
+
 if TYPE_CHECKING:  # torch is an extra: `flashnpc` must start without it
     from runtime.factory.model import FlashConfig
     from runtime.factory.train import TrainConfig
 
-__all__ = ["DEFAULT_CHECKPOINT", "add_eval_arguments", "add_export_onnx_arguments", "add_train_arguments",
-           "run_eval", "run_export_onnx", "run_train"]
+__all__ = ["DEFAULT_CHECKPOINT", "EXPECTED_ERRORS", "add_eval_arguments", "add_export_onnx_arguments",
+           "add_output_arguments", "add_train_arguments", "run_eval", "run_export_onnx", "run_train"]
 
-# `flashnpc export`'s default checkpoint: what `flashnpc train --out runs/flash` writes
+# `flashnpc export onnx`'s default checkpoint: what `flashnpc train --out runs/flash` writes
 DEFAULT_CHECKPOINT = Path("runs/flash")
+
+# errors the `flashnpc` dispatcher reports as one line (module:class, resolved once loaded)
+EXPECTED_ERRORS = ("runtime.client.errors:ModelLoadError", "runtime.factory.export:ExportError",
+                   "runtime.factory.linebook:LineBookError", "runtime.factory.blind:RatingsError")
+
+
+def add_output_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--json`` and ``--no-progress``, for a command that reports figures and takes a while."""
+    parser.add_argument("--json", action="store_true",
+                        help="print the result as one JSON object on stdout instead of text")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 # --------------------------------------------------------------------------- flashnpc train
 
@@ -77,6 +94,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, metavar="N",
                         help="CPU threads for torch (default: all cores, at most 8)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--json", action="store_true",
+                        help="print the final figures as one JSON object on stdout instead of text")
 
 
 def load_overrides(value: str | None) -> dict[str, Any]:
@@ -144,18 +163,20 @@ def run_train(args: argparse.Namespace) -> int:
         return 2
     split = book.split()
     out = Path(args.out)
+    # with --json, stdout carries only the JSON object
+    note = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
     tok_path = out / "tokenizer.json"
     if tok_path.exists():
         tokenizer = Tokenizer.load(tok_path)
-        print(f"tokenizer: loaded {tok_path} (vocab {tokenizer.vocab_size})")
+        note(f"tokenizer: loaded {tok_path} (vocab {tokenizer.vocab_size})")
     else:
         tokenizer = train_tokenizer([ex.text for ex in split.train], book.catalog(),
                                     vocab_size=model_cfg.vocab_size)
-        print(f"tokenizer: trained on {len(split.train)} training lines (vocab {tokenizer.vocab_size})")
+        note(f"tokenizer: trained on {len(split.train)} training lines (vocab {tokenizer.vocab_size})")
 
     resume = args.resume and (out / "model.pt").exists()
     if args.resume and not resume:
-        print(f"no checkpoint in {out}; starting fresh")
+        note(f"no checkpoint in {out}; starting fresh")
     # on resume the saved schedule is kept unless settings were given on the command line
     train_config = None if resume and not _train_settings_given(args) else train_cfg
     try:
@@ -167,6 +188,11 @@ def run_train(args: argparse.Namespace) -> int:
         return 130
     counts = log["num_params"]
     final = log["final"]
+    if args.json:
+        print_json({"out": str(out), "device": device, **{k: log.get(k) for k in (
+            "num_params", "final", "val", "model_config", "train_config", "train_examples",
+            "dropped_too_long", "threads", "resumed_at")}})
+        return 0
     print(
         f"done: step {final['step']}, params {counts['total']:,} total / "
         f"{counts['active_per_token']:,} active per token; val CE fp32 {final['val_ce_fp32']:.3f}, "
@@ -217,7 +243,10 @@ def run_eval(args: argparse.Namespace) -> int:
     if command == "unblind":
         return _unblind(args)
     if args.json is None:
-        print("flashnpc eval: --json OUT is required (or: flashnpc eval blind | unblind)", file=sys.stderr)
+        print("flashnpc eval: error: --json OUT is required (or: flashnpc eval blind | unblind)", file=sys.stderr)
+        return 2
+    if args.model is not None and not args.model.is_dir():
+        print(f"flashnpc eval: error: {args.model}: no such model directory", file=sys.stderr)
         return 2
     from runtime.factory.evaluate import EvalConfig, evaluate
     from runtime.factory.linebook import load_line_book
@@ -290,31 +319,50 @@ def _unblind(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- flashnpc export [onnx]
 
-def add_export_onnx_arguments(group: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:
-    """The flags of ``flashnpc export [onnx]`` beyond ``--model`` and ``--out`` (the command
-    itself, with its mobile and client forms, is :mod:`mobile_export.cli`'s)."""
-    group.add_argument("--accuracy-level", type=int, choices=(0, 4), default=4,
-                       help="MatMulNBits accuracy_level: 4 = int8 activations (faster), 0 = fp32")
-    group.add_argument("--variant", choices=("qmoe", "gather", "dense"), default="qmoe",
-                       help="how INT4 experts run: qmoe (default, sparse), gather (sparse), dense")
-    group.add_argument("--embedding", choices=("fp16", "int4", "fp32"), default="fp16",
-                       help="storage of the token embedding table in the INT4 file")
+def add_export_onnx_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``flashnpc export onnx`` (the ``export`` command itself, with its other
+    forms, is :mod:`mobile_export.cli`'s)."""
+    parser.add_argument("--model", type=Path, default=DEFAULT_CHECKPOINT, metavar="CKPT",
+                        help=f"checkpoint directory from `flashnpc train --out` (default: {DEFAULT_CHECKPOINT})")
+    parser.add_argument("--out", type=Path, required=True, metavar="DIR",
+                        help="model directory to write (the shipped one is runtime/assets/flash)")
+    parser.add_argument("--accuracy-level", type=int, choices=(0, 4), default=4,
+                        help="MatMulNBits accuracy_level: 4 = int8 activations (faster), 0 = fp32")
+    parser.add_argument("--variant", choices=("qmoe", "gather", "dense"), default="qmoe",
+                        help="how INT4 experts run: qmoe (default, sparse), gather (sparse), dense")
+    parser.add_argument("--embedding", choices=("fp16", "int4", "fp32"), default="fp16",
+                        help="storage of the token embedding table in the INT4 file")
+    add_output_arguments(parser)
 
 
 def run_export_onnx(args: argparse.Namespace) -> int:
-    """``flashnpc export [onnx]``: checkpoint ``--model`` (default :data:`DEFAULT_CHECKPOINT`) ->
-    model directory ``--out`` (default: the shipped one)."""
-    from runtime.factory.export import ExportError, export_checkpoint
-    from runtime.paths import DEFAULT_MODEL_DIR
-
-    model = args.model if args.model is not None else DEFAULT_CHECKPOINT
-    out = args.out if args.out is not None else DEFAULT_MODEL_DIR
+    """``flashnpc export onnx``: checkpoint ``--model`` -> model directory ``--out``."""
     try:
-        info = export_checkpoint(model, out, accuracy_level=args.accuracy_level,
-                                 moe=args.variant, embedding=args.embedding)
-    except (ExportError, FileNotFoundError) as exc:
-        print(f"flashnpc export: {exc}", file=sys.stderr)
+        from runtime.factory.export import EXPORT_STAGES, ExportError, export_checkpoint
+    except ModuleNotFoundError as exc:
+        print(f"flashnpc export onnx: error: exporting needs the train extra ({exc.name} is missing): "
+              "pip install -e '.[train]'", file=sys.stderr)
         return 2
+
+    out = args.out
+    bar = Progress("export onnx", total=len(EXPORT_STAGES), unit="stage", enabled=not args.no_progress)
+
+    def stage(name: str) -> None:
+        if name != EXPORT_STAGES[0]:
+            bar.update(1)
+        bar.stage(f"export onnx: {name}")
+
+    try:
+        with bar:
+            info = export_checkpoint(args.model, out, accuracy_level=args.accuracy_level,
+                                     moe=args.variant, embedding=args.embedding, progress=stage)
+            bar.set(len(EXPORT_STAGES))
+    except (ExportError, FileNotFoundError) as exc:
+        print(f"flashnpc export onnx: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print_json({"out": str(out), **info})
+        return 0
     for name, size in info["files"].items():
         print(f"{out / name}: {size / 1e6:.2f} MB")
     int4 = info["int4"]

@@ -20,6 +20,12 @@ over the model in ``--model-dir``, default the shipped one) on its own WebSocket
 
     flashnpc loadtest sync --clients 5000 --duration 60 --churn 0.2
     flashnpc loadtest dialogue --sessions 200 --rate 20 --duration 20 [--burst]
+
+A load test shows a progress bar on stderr (``--no-progress``: none) and prints its main
+figures; ``--json`` prints the whole report (less the timeline) as JSON instead. It writes
+``report.json`` and, when matplotlib is installed, ``plot.png`` to ``--out`` (without
+matplotlib a one-line note says the plot was skipped). Exit 1 when the run lost updates
+(sync) or had errors (dialogue), 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -36,7 +42,11 @@ from typing import Any
 
 from .transport import aio
 
-__all__ = ["add_loadtest_arguments", "add_serve_arguments", "build_world", "run_loadtest", "run_serve"]
+__all__ = ["EXPECTED_ERRORS", "add_loadtest_arguments", "add_serve_arguments", "build_world", "run_loadtest",
+           "run_serve"]
+
+# errors the `flashnpc` dispatcher reports as one line (module:class, resolved once loaded)
+EXPECTED_ERRORS = ("runtime.client.errors:ModelLoadError",)
 
 # --------------------------------------------------------------------------- flashnpc serve
 
@@ -177,7 +187,7 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         secret = secret_from_env()
     except ValueError as exc:
-        print(f"flashnpc serve: {exc}", file=sys.stderr)
+        print(f"flashnpc serve: error: {exc}", file=sys.stderr)
         return 2
     if args.issue_token:
         print(issue_token(secret, args.issue_token, ttl_s=args.ttl))
@@ -186,7 +196,7 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         aio.run(_serve(args, secret), loop=args.loop)
     except (ValueError, FileNotFoundError, OSError) as exc:
-        print(f"flashnpc serve: {exc}", file=sys.stderr)
+        print(f"flashnpc serve: error: {exc}", file=sys.stderr)
         return 1
     return 0
 
@@ -228,6 +238,9 @@ def add_loadtest_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None,
                         help=f"directory for report.json and plot.png (default {d.out}, "
                              f"dialogue: runs/loadtest_dialogue)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the report (less the timeline) as JSON instead of the main figures")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     g = parser.add_argument_group("dialogue")
     g.add_argument("--sessions", type=int, default=200, help="dialogue sessions")
     g.add_argument("--rate", type=float, default=20.0, help="line requests/s, all sessions")
@@ -248,28 +261,46 @@ def add_loadtest_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_loadtest(args: argparse.Namespace) -> int:
+    """``flashnpc loadtest sync | dialogue`` (see the module docstring)."""
     if args.target == "dialogue":
         return _run_dialogue(args)
     from .loadtest.sync_loadtest import LoadConfig
     from .loadtest.sync_loadtest import run_loadtest as run_sync_loadtest
 
-    if args.out is None:
-        args.out = LoadConfig().out
-
-    if not 0.0 <= args.churn <= 1.0 or args.clients < 1 or args.procs < 1:
-        print("flashnpc loadtest: need --clients >= 1, --procs >= 1 and 0 <= --churn <= 1")
+    if not 0.0 <= args.churn <= 1.0 or args.clients < 1 or args.procs < 1 or not args.duration > 0:
+        print("flashnpc loadtest: error: need --clients >= 1, --procs >= 1, --duration > 0 and "
+              "0 <= --churn <= 1", file=sys.stderr)
         return 2
     cfg = LoadConfig(clients=args.clients, duration=args.duration, churn=args.churn,
                      npcs=args.npcs, changes=args.changes, size=args.size, radius=args.radius,
                      tick_hz=args.tick_hz, procs=args.procs, move_hz=args.move_hz,
                      connect_rate=args.connect_rate, codec=args.codec, db=not args.no_db,
-                     seed=args.seed, out=args.out,
+                     seed=args.seed, out=args.out or LoadConfig().out,
                      client_nice=args.client_nice, profile_server=args.profile_server,
                      loop=args.loop, client_gc_freeze_s=args.client_gc_freeze)
-    report = run_sync_loadtest(cfg)
+    stages = {"ramp": f"connecting {cfg.clients} clients", "run": "measuring",
+              "verify": "settling and checking every replica"}
+    with _LoadBar(cfg.duration, stages, enabled=not args.no_progress) as bar:
+        report = run_sync_loadtest(cfg, log=bar.write, progress=bar.progress)
     summary = {k: v for k, v in report.items() if k not in ("timeline", "config")}
-    print(json.dumps(summary, indent=2))
-    print(f"report: {cfg.out}/report.json  plot: {cfg.out}/plot.png")
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        lat = report["latency_ms"]
+        _print_rows([
+            ("clients connected", f"{report['connected_min']}-{report['connected_max']} "
+                                  f"(ramp {report['ramp_s']:.1f} s)"),
+            ("state changes", f"{report['state_changes_per_s']:.0f}/s"),
+            ("delta latency p50 / p99 / max", f"{_ms(lat['p50'])} / {_ms(lat['p99'])} / {_ms(lat['max'])}"),
+            ("bytes per client", f"{report['bytes_per_client_per_s']:.0f}/s "
+                                 f"({_x(report['bytes_reduction_x'])} less than full state)"),
+            ("churned clients / reconnects", f"{report['churned_clients']} / {report['reconnects']}"),
+            ("gaps / mismatched / missing / unacked", f"{report['gaps']} / {report['mismatched_replicas']} / "
+                                                      f"{report['missing_clients']} / {report['unacked_intents']}"),
+            ("server CPU", f"{100 * report['server_cpu_util']:.0f}%"),
+            ("zero lost updates", "yes" if report["zero_lost_updates"] else "NO"),
+        ])
+    _say_where(cfg.out, report, args.json)
     return 0 if report["zero_lost_updates"] else 1
 
 
@@ -286,11 +317,72 @@ def _run_dialogue(args: argparse.Namespace) -> int:
                              deadline_ms=args.deadline_ms, slo_ttft_ms=args.slo_ttft_ms,
                              slo_e2el_ms=args.slo_e2el_ms, seed=args.seed,
                              out=args.out or d.out)
+    stages = {"open": f"opening {cfg.sessions} sessions", "run": "sending requests",
+              "drain": "waiting for the last lines"}
     try:
-        report = run_dialogue_loadtest(cfg)
+        with _LoadBar(cfg.duration, stages, enabled=not args.no_progress) as bar:
+            report = run_dialogue_loadtest(cfg, log=bar.write, progress=bar.progress)
     except ValueError as exc:
-        print(f"flashnpc loadtest dialogue: {exc}")
+        print(f"flashnpc loadtest dialogue: error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps({k: v for k, v in report.items() if k != "config"}, indent=2))
-    print(f"report: {cfg.out}/report.json  plot: {cfg.out}/plot.png")
+    if args.json:
+        print(json.dumps({k: v for k, v in report.items() if k != "config"}, indent=2))
+    else:
+        _print_rows([
+            ("requests / completed", f"{report['requests']} / {report['completed']} "
+                                     f"({report['model_lines']} model lines, {report['fallbacks']} fallbacks)"),
+            ("busy / errors", f"{report['busy']} / {report['errors']}"),
+            ("throughput", f"{report['request_throughput']:.1f} lines/s, "
+                           f"{report['output_throughput']:.0f} tokens/s"),
+            ("goodput", f"{report['goodput']:.1f} lines/s within the SLO"),
+            ("TTFT p50 / p99", f"{_ms(report.get('median_ttft_ms'))} / {_ms(report.get('p99_ttft_ms'))}"),
+            ("E2EL p50 / p99", f"{_ms(report.get('median_e2el_ms'))} / {_ms(report.get('p99_e2el_ms'))}"),
+        ])
+    _say_where(cfg.out, report, args.json)
     return 0 if report["errors"] == 0 else 1
+
+
+class _LoadBar:
+    """A load test's progress bar: the seconds of the measured run, labelled by stage."""
+
+    def __init__(self, duration: float, stages: dict[str, str], *, enabled: bool) -> None:
+        from runtime.console import Progress
+
+        self.stages = stages
+        self.stage: str | None = None
+        self.bar = Progress("load test", total=duration, unit="s", enabled=enabled)
+
+    def progress(self, stage: str, seconds: float) -> None:
+        if stage != self.stage:
+            self.stage = stage
+            self.bar.stage(self.stages.get(stage, stage))
+        self.bar.set(int(seconds))
+
+    def write(self, message: str) -> None:
+        self.bar.write(message)
+
+    def __enter__(self) -> _LoadBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.close()
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} ms"
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}x"
+
+
+def _print_rows(rows: list[tuple[str, str]]) -> None:
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"  {key:<{width}}  {value}")
+
+
+def _say_where(out: str, report: dict[str, Any], as_json: bool) -> None:
+    plot = report.get("plot")
+    note = f"report: {out}/report.json" + (f"  plot: {plot}" if plot else "  (no plot: matplotlib is missing)")
+    print(note, file=sys.stderr if as_json else sys.stdout)

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -512,31 +512,41 @@ def load_checkpoint(model_dir: str | Path) -> tuple[dict[str, Any], dict[str, An
 SIDE_FILES = ("tokenizer.json", "config.json", "catalog.json", "fallbacks.json", "constraints.json")
 
 
+EXPORT_STAGES = ("loading the checkpoint", "fp32 reference", "INT4 graph", "side files")
+
+
 def export_checkpoint(model_dir: str | Path, out_dir: str | Path, *, accuracy_level: int = 4,
-                      moe: str = "qmoe", embedding: str = "fp16") -> dict[str, Any]:
+                      moe: str = "qmoe", embedding: str = "fp16",
+                      progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Export ``model_dir`` (model.pt, tokenizer.json, config.json, catalog.json) to ``out_dir``.
 
     Writes model.onnx (fp32 reference), model.int4.onnx (shipped), copies the side files and
     writes export.json, whose content is returned. Raises ExportError if the INT4 file is
-    over 8 MiB or a required file is missing.
+    over 8 MiB or a required file is missing. ``progress`` is called with the name of each
+    stage of :data:`EXPORT_STAGES` as it starts.
     """
     import onnxruntime as ort
 
+    say = progress or (lambda _stage: None)
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     for name in ("tokenizer.json", "config.json", "catalog.json"):
         if not (model_dir / name).is_file():
             raise ExportError(f"{model_dir / name}: missing (a checkpoint directory needs it)")
+    say(EXPORT_STAGES[0])
     sd, cfg = load_checkpoint(model_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     # the reference uses standard ONNX operators only (any runtime can check it)
+    say(EXPORT_STAGES[1])
     fp32_moe = "gather" if moe == "qmoe" else moe
     fp32_size = save_model(build_onnx(sd, cfg, ExportOptions(weights="fp32", moe=fp32_moe)),
                            out_dir / "model.onnx")
+    say(EXPORT_STAGES[2])
     opts = ExportOptions(weights="int4", moe=moe, accuracy_level=accuracy_level, embedding=embedding)
     int4_size = save_model(build_onnx(sd, cfg, opts), out_dir / "model.int4.onnx")
     if int4_size > MAX_INT4_BYTES:
         raise ExportError(f"{out_dir / 'model.int4.onnx'} is {int4_size} bytes, over the "
                           f"{MAX_INT4_BYTES}-byte budget; try embedding='int4'")
+    say(EXPORT_STAGES[3])
     copied = []
     for name in SIDE_FILES:
         if (model_dir / name).is_file():
@@ -590,6 +600,6 @@ def write_constraints(path: Path) -> None:
     path.write_text(json.dumps(cons.to_json(), ensure_ascii=False, separators=(",", ":")) + "\n")
 
 
-__all__ = ["EMBEDDINGS", "MAX_INT4_BYTES", "MOE_VARIANTS", "OPSET", "ExportError", "ExportOptions",
+__all__ = ["EMBEDDINGS", "EXPORT_STAGES", "MAX_INT4_BYTES", "MOE_VARIANTS", "OPSET", "ExportError", "ExportOptions",
            "build_moe_block", "build_onnx", "export_checkpoint", "io_signature", "load_checkpoint",
            "quantize_pack_int4", "save_model", "unpack_int4", "write_constraints", "write_fallbacks"]

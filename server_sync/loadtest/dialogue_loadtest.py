@@ -39,9 +39,12 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..transport import aio
+
+if TYPE_CHECKING:
+    from .sync_loadtest import Progress
 
 __all__ = ["DialogueLoadConfig", "run_dialogue_loadtest", "summarize"]
 
@@ -291,14 +294,17 @@ def _catalog(model_dir: str | None) -> dict[str, list[str]]:
     return {k: list(cat[k]) for k in ("archetypes", "states", "intents")}
 
 
-def run_dialogue_loadtest(cfg: DialogueLoadConfig, *, log: Any = print) -> dict[str, Any]:
+def run_dialogue_loadtest(cfg: DialogueLoadConfig, *, log: Any = print,
+                          progress: Progress | None = None) -> dict[str, Any]:
     """Run the load test described by ``cfg``; returns the report (also written to
-    ``cfg.out``/report.json, with plot.png)."""
+    ``cfg.out``/report.json, with plot.png when matplotlib is installed: the report's ``plot``
+    is its path, or None). ``progress(stage, seconds)`` hears the stage (``open``, ``run``,
+    ``drain``) and the seconds of arrivals so far (of ``cfg.duration``)."""
     if cfg.sessions < 1 or cfg.procs < 1 or cfg.rate <= 0 or not 0 < cfg.duration <= MAX_DURATION_S:
         raise ValueError(f"dialogue load test: need sessions >= 1, procs >= 1, rate > 0 and "
                          f"0 < duration <= {MAX_DURATION_S:g} (got {cfg.sessions}, {cfg.procs}, "
                          f"{cfg.rate}, {cfg.duration})")
-    from .sync_loadtest import _cpu_seconds, stop_process, wait_ready
+    from .sync_loadtest import _cpu_seconds, stop_process, wait_ready, write_plot
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -321,7 +327,8 @@ def run_dialogue_loadtest(cfg: DialogueLoadConfig, *, log: Any = print) -> dict[
     try:
         _, _, port, http_port = wait_ready(server, ready, 120.0)
         cpu0 = _cpu_seconds(server.pid)
-        records = _drive(cfg, f"ws://127.0.0.1:{port}", secret, server, log)
+        records = _drive(cfg, f"ws://127.0.0.1:{port}", secret, server, log,
+                         progress or (lambda _stage, _s: None))
         cpu = _cpu_seconds(server.pid) - cpu0
         server_view = _server_view(f"http://127.0.0.1:{http_port}")
     finally:
@@ -332,13 +339,13 @@ def run_dialogue_loadtest(cfg: DialogueLoadConfig, *, log: Any = print) -> dict[
     report["server_cpu_s"] = cpu
     report["server"] = server_view
     report["config"] = asdict(cfg)
+    report["plot"] = write_plot(lambda path: _plot(records, report, path), out / "plot.png", log)
     (out / "report.json").write_text(json.dumps(report, indent=2))
-    _plot(records, report, out / "plot.png")
     return report
 
 
 def _drive(cfg: DialogueLoadConfig, url: str, secret: bytes, server: subprocess.Popen[bytes],
-           log: Any) -> list[tuple[Any, ...]]:
+           log: Any, progress: Progress) -> list[tuple[Any, ...]]:
     import queue
 
     ctx = mp.get_context("spawn")
@@ -361,6 +368,11 @@ def _drive(cfg: DialogueLoadConfig, url: str, secret: bytes, server: subprocess.
     give_up = time.time() + 120.0 + cfg.sessions / 50.0  # opening the sessions
     try:
         while done < len(procs):
+            if start.value:
+                ran = time.perf_counter() - start.value
+                progress("run" if ran < cfg.duration else "drain", max(0.0, ran))
+            else:
+                progress("open", 0.0)
             try:
                 kind, i, payload = q.get(timeout=1.0)
             except queue.Empty:

@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -277,9 +278,27 @@ def _pct(values: Any, q: float) -> float | None:
     return None if len(values) == 0 else float(np.percentile(values, q))
 
 
-def run_loadtest(cfg: LoadConfig, *, log: Any = print) -> dict[str, Any]:
+# progress(stage, seconds): the stage under way ("ramp", "run", "verify") and the seconds of
+# the measured run done so far (of cfg.duration)
+Progress = Callable[[str, float], None]
+
+
+def write_plot(draw: Callable[[Path], None], path: Path, log: Any) -> str | None:
+    """``draw(path)`` with matplotlib; returns the path written, or None after a one-line note
+    when matplotlib is not installed (it is optional: the report is complete without the plot)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ModuleNotFoundError:
+        log(f"note: {path.name} not drawn: matplotlib is not installed (pip install matplotlib)")
+        return None
+    draw(path)
+    return str(path)
+
+
+def run_loadtest(cfg: LoadConfig, *, log: Any = print, progress: Progress | None = None) -> dict[str, Any]:
     """Run the load test described by ``cfg``; returns the report (also written to
-    ``cfg.out``/report.json, with plot.png)."""
+    ``cfg.out``/report.json, with plot.png when matplotlib is installed: the report's
+    ``plot`` is its path, or None). ``progress`` hears the stage and the seconds run so far."""
     import numpy as np
 
     out = Path(cfg.out)
@@ -301,7 +320,8 @@ def run_loadtest(cfg: LoadConfig, *, log: Any = print) -> dict[str, Any]:
         port, http_port = wait_ready(server, ready, 60.0)
         url = f"ws://127.0.0.1:{port}"
         admin_url = f"http://127.0.0.1:{http_port}/admin"
-        return _drive(cfg, server, url, admin_url, admin, secret, tmp, out, log, np)
+        return _drive(cfg, server, url, admin_url, admin, secret, tmp, out, log, np,
+                      progress or (lambda _stage, _s: None))
     finally:
         stop_process(server)
 
@@ -336,7 +356,8 @@ def _next(q: Any, procs: list[Any], server: subprocess.Popen[bytes],
 
 
 def _drive(cfg: LoadConfig, server: subprocess.Popen[bytes], url: str, admin_url: str,
-           admin: str, secret: bytes, tmp: Path, out: Path, log: Any, np: Any) -> dict[str, Any]:
+           admin: str, secret: bytes, tmp: Path, out: Path, log: Any, np: Any,
+           progress: Progress) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     go = ctx.Event()
@@ -359,6 +380,7 @@ def _drive(cfg: LoadConfig, server: subprocess.Popen[bytes], url: str, admin_url
             raise RuntimeError(f"worker {i} failed: {payload}")
         if kind == "ramped":
             ramped += 1
+            progress("ramp", 0.0)
     ramp_s = time.time() - t_start
     log(f"ramp: {cfg.clients} clients connected in {ramp_s:.1f} s")
     s0 = _http(f"{admin_url}/stats?clear_ticks=1", admin)
@@ -368,8 +390,9 @@ def _drive(cfg: LoadConfig, server: subprocess.Popen[bytes], url: str, admin_url
     lat_all: list[Any] = []
     run_end = wall0 + cfg.duration
     while time.time() < run_end:
+        progress("run", time.time() - wall0)
         try:
-            kind, i, payload = q.get(timeout=max(0.1, run_end - time.time()))
+            kind, i, payload = q.get(timeout=max(0.1, min(1.0, run_end - time.time())))
         except Exception:
             continue
         if kind == "fatal":
@@ -392,6 +415,7 @@ def _drive(cfg: LoadConfig, server: subprocess.Popen[bytes], url: str, admin_url
                         f"p99={_pct(la, 99) or 0:.1f} ms")
     s1 = _http(f"{admin_url}/stats", admin)
     cpu1, wall1 = _cpu_seconds(server.pid), time.time()
+    progress("verify", cfg.duration)
     stop_moving.set()
     settled = unacked = 0
     while settled < cfg.procs:
@@ -482,8 +506,8 @@ def _drive(cfg: LoadConfig, server: subprocess.Popen[bytes], url: str, admin_url
     report["zero_lost_updates"] = (report["gaps"] == 0 and report["mismatched_replicas"] == 0
                                    and report["missing_clients"] == 0
                                    and report["unacked_intents"] == 0)
+    report["plot"] = write_plot(lambda path: _plot(report, path), out / "plot.png", log)
     (out / "report.json").write_text(json.dumps(report, indent=2))
-    _plot(report, out / "plot.png")
     return report
 
 

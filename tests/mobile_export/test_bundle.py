@@ -275,11 +275,15 @@ def test_a_failed_export_leaves_nothing_behind(model_dir, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_onnx_export_form_still_needs_no_positional_argument(capsys):
-    from plugin.cli import build_parser
-
-    args = build_parser().parse_args(["export", "--model", "ckpt", "--out", "o"])
-    assert (args.what, str(args.model), str(args.out)) == ("onnx", "ckpt", "o")
+def test_export_mobile_refuses_the_flags_of_other_forms(model_dir, tmp_path, capsys):
+    """``--accuracy-level`` is export onnx's, ``--bundle`` export client's: an error, not ignored."""
+    argv = ["export", "mobile", "--model", str(model_dir), "--out", str(tmp_path / "b"),
+            "--accuracy-level", "0", "--bundle", "/nonexistent"]
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert "unrecognized arguments: --accuracy-level 0 --bundle /nonexistent" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
 
 
 def test_resolve_model_path_maps_bundles_to_their_verified_model(bundle_dir, bundle_zip, model_dir, tmp_path):

@@ -265,18 +265,23 @@ def test_flashnpc_export_cli_writes_the_model_directory(tmp_path, capsys):
     from plugin.cli import main
 
     write_checkpoint(tmp_path / "ckpt", tiny_model())
-    code = main(["export", "--model", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"),
+    code = main(["export", "onnx", "--model", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"),
                  "--accuracy-level", "0"])
     assert code == 0
     assert "model.int4.onnx" in capsys.readouterr().out
     info = json.loads((tmp_path / "out" / "export.json").read_text())
     assert info["int4"]["accuracy_level"] == 0
+    code = main(["export", "onnx", "--model", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"),
+                 "--json", "--no-progress"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["out"] == str(tmp_path / "out") and report["int4"]["accuracy_level"] == 4
 
 
 def test_flashnpc_export_cli_reports_a_missing_checkpoint(tmp_path, capsys):
     from plugin.cli import main
 
-    code = main(["export", "--model", str(tmp_path / "nothing"), "--out", str(tmp_path / "out")])
+    code = main(["export", "onnx", "--model", str(tmp_path / "nothing"), "--out", str(tmp_path / "out")])
     assert code == 2
     assert "missing" in capsys.readouterr().err
 
