@@ -547,13 +547,13 @@ class FinetuneConfig:
     """Settings of one fine-tune (defaults: the documented run)."""
 
     mode: str = "adapters"  # or "full": every weight trains (the contrast)
-    epochs: float = 6.0
+    epochs: float = 10.0
     steps: int | None = None  # overrides epochs
     batch_size: int = 32
-    replay: float = 0.25  # share of each batch drawn from the base line book
+    replay: float = 0.5  # share of each batch drawn from the base line book
     rank: int = 8
     alpha: float = 16.0
-    lr: float | None = None  # default: 2e-3 for adapters, 3e-4 for full
+    lr: float | None = None  # default: 1e-3 for adapters, 3e-4 for full
     warmup_steps: int = 10
     qat: bool = True
     seed: int = 0
@@ -572,19 +572,22 @@ class FinetuneConfig:
 
     @property
     def learning_rate(self) -> float:
-        return self.lr if self.lr is not None else (2e-3 if self.mode == "adapters" else 3e-4)
+        return self.lr if self.lr is not None else (1e-3 if self.mode == "adapters" else 3e-4)
 
 
-def _replay_examples(tokenizer: Tokenizer, n: int, seed: int, block_size: int) -> list[Any]:
-    """``n`` training lines of the default line book, spread over it (seeded)."""
+def _replay_examples(tokenizer: Tokenizer, n: int, seed: int, block_size: int) -> tuple[list[Any], list[Any]]:
+    """``n`` training lines of the default line book, spread over it (seeded), and 256 of its
+    validation lines (never replayed) to measure what the fine-tune does to the base book."""
     import random
 
     from runtime.factory.linebook import load_line_book
     from runtime.factory.train import encode_examples
 
-    train = load_line_book().split().train
-    picked = random.Random(seed).sample(range(len(train)), min(n, len(train)))
-    return encode_examples(tokenizer, [train[i] for i in sorted(picked)], block_size)[0]
+    split = load_line_book().split()
+    picked = random.Random(seed).sample(range(len(split.train)), min(n, len(split.train)))
+    probe = split.val[:: max(1, len(split.val) // 256)][:256]
+    return (encode_examples(tokenizer, [split.train[i] for i in sorted(picked)], block_size)[0],
+            encode_examples(tokenizer, probe, block_size)[0])
 
 
 def finetune(base_path: str | Path | None, lines_path: str | Path, out_dir: str | Path,
@@ -641,8 +644,8 @@ def finetune(base_path: str | Path | None, lines_path: str | Path, out_dir: str 
     n_replay = round(cfg.batch_size * cfg.replay)
     n_studio = cfg.batch_size - n_replay
     steps = cfg.steps or max(1, math.ceil(cfg.epochs * len(studio) / n_studio))
-    replay = _replay_examples(tok, max(256, steps * n_replay // 4), cfg.seed, block) if n_replay else []
-    replay_probe = replay[:: max(1, len(replay) // 256)][:256]
+    replay, replay_probe = (_replay_examples(tok, max(256, steps * n_replay // 4), cfg.seed, block)
+                            if n_replay else ([], []))
 
     before = {"router": router_confidence(reference, all_studio, tok.pad_id),
               "heldout_ce": line_ce(reference, studio_held, tok.pad_id) if studio_held else None,
@@ -794,7 +797,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=float, default=d.epochs, help=f"passes over the lines (default {d.epochs:g})")
     parser.add_argument("--steps", type=int, default=None, help="optimiser steps (overrides --epochs)")
     parser.add_argument("--rank", type=int, default=d.rank, help=f"LoRA rank (default {d.rank})")
-    parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default 2e-3 adapters, 3e-4 full)")
+    parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-3 adapters, 3e-4 full)")
     parser.add_argument("--replay", type=float, default=d.replay,
                         help=f"share of each batch from the base line book (default {d.replay})")
     parser.add_argument("--seed", type=int, default=d.seed)
@@ -833,7 +836,7 @@ def run(args: argparse.Namespace) -> int:
     if b["heldout_ce"] is not None:
         print(f"held-out studio lines CE {b['heldout_ce']:.3f} -> {a['heldout_ce']:.3f}")
     if b["replay_ce"] is not None:
-        print(f"base book lines CE {b['replay_ce']:.3f} -> {a['replay_ce']:.3f}")
+        print(f"base book validation lines CE {b['replay_ce']:.3f} -> {a['replay_ce']:.3f}")
     print(f"wrote {args.out}" + (" (exported)" if report["exported"] else ""))
     return 0
 
