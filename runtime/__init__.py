@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 _LAZY = {
+    "AsyncLineStream": "runtime.client.generator",
     "LineGenerator": "runtime.client.generator",
     "Line": "runtime.client.generator",
     "LineRequest": "runtime.client.generator",
@@ -31,6 +32,7 @@ _LAZY = {
 if TYPE_CHECKING:
     from runtime.client.fallback import FallbackBook
     from runtime.client.generator import (
+        AsyncLineStream,
         Line,
         LineGenerator,
         LineRequest,
@@ -56,5 +58,5 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_LAZY])
 
 
-__all__ = ["EngineMetrics", "FallbackBook", "Line", "LineGenerator", "LineRequest", "LineStream",
+__all__ = ["AsyncLineStream", "EngineMetrics", "FallbackBook", "Line", "LineGenerator", "LineRequest", "LineStream",
            "ModelLoadError", "PrefixCache"]

@@ -23,6 +23,11 @@ request is a batch of one. The loop itself is :func:`runtime.client.onnx_model.d
 with :meth:`runtime.client.onnx_model.FlashOnnx.generate_ids` and the evaluation's batched sampling.
 
 Thread safety: every public method may be called from several threads at once.
+
+asyncio: :meth:`LineGenerator.agenerate` and :meth:`LineGenerator.astream` are the same engine for
+an event loop: the request runs on the worker threads :meth:`LineGenerator.submit` uses and the
+result (or each piece) comes back through the loop, so a coroutine awaits a line without
+blocking the loop; cancelling the awaiting task cancels the request.
 """
 
 from __future__ import annotations
@@ -33,7 +38,15 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Generator,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -453,14 +466,43 @@ class LineGenerator:
         deadline has passed with a fallback line, so a frame never waits on the model.
         """
         prep = self._prepare(LineRequest(npc, state, **kwargs), time.perf_counter())
-        fut: Future[Line] = Future()
-        with self._async_lock:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix=f"flashnpc-{self.name}")
-            self._pending[fut] = prep
-            fut.add_done_callback(self._on_done)
-            self._executor.submit(self._run_async, prep, fut)
-        return fut
+        return self._enqueue(prep, polled=True)
+
+    async def agenerate(self, npc: str, state: str, **kwargs: Any) -> Line:
+        """:meth:`generate` for asyncio: ``line = await gen.agenerate("guard", "alert", ...)``.
+
+        The request runs on the worker threads :meth:`submit` uses (``workers`` of them), so the
+        event loop stays free and many coroutines may await lines at once. Invalid requests
+        raise ValueError here. Cancelling the awaiting task cancels the request: the model stops
+        decoding it at its next token and nothing is recorded. A ``deadline_ms`` (counted from
+        this call) that passes while the request waits for a worker or decodes is answered at
+        once with a fallback line, as :meth:`poll` does for :meth:`submit`.
+        """
+        import asyncio  # here: a game that never awaits a line does not pay asyncio's import
+
+        loop = asyncio.get_running_loop()
+        prep = self._prepare(LineRequest(npc, state, **kwargs), time.perf_counter())
+        fut = self._enqueue(prep, polled=False)
+        timer = None
+        if prep.deadline is not None:
+            timer = loop.call_later(max(0.0, prep.deadline - time.perf_counter()), self._expire, fut, prep)
+        try:
+            return await asyncio.wrap_future(fut)  # cancelling this cancels ``fut``
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def astream(self, npc: str, state: str, **kwargs: Any) -> AsyncLineStream:
+        """:meth:`generate_stream` for asyncio: ``async for piece in gen.astream(...)``.
+
+        The same pieces as :meth:`generate_stream` (held back until they can no longer be
+        taken back), decoded on a worker thread and handed to the loop as they come;
+        ``stream.line`` holds the :class:`Line` once the iteration ends. Invalid requests raise
+        ValueError here. Leaving the loop early, or cancelling the task iterating it, cancels
+        the request: the model stops decoding at its next token. An error inside the engine
+        that is not the model's (those become fallback lines) is raised in the iterating task.
+        """
+        return AsyncLineStream(self, self._prepare(LineRequest(npc, state, **kwargs), time.perf_counter()))
 
     def poll(self) -> list[tuple[Future[Line], Line]]:
         """(future, line) for every submitted request finished since the last poll; requests past
@@ -474,7 +516,8 @@ class LineGenerator:
         with self._async_lock:
             while self._done:
                 fut = self._done.popleft()
-                out.append((fut, fut.result()))
+                if not fut.cancelled():  # cancelled by its caller: nobody waits for the line
+                    out.append((fut, fut.result()))
         return out
 
     def close(self) -> None:
@@ -734,15 +777,59 @@ class LineGenerator:
 
     # ------------------------------------------------------------ async
 
+    def _workers(self) -> ThreadPoolExecutor:
+        """The worker threads of :meth:`submit`, :meth:`agenerate` and :meth:`astream` (started on
+        first use; call with ``_async_lock`` held)."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix=f"flashnpc-{self.name}")
+        return self._executor
+
+    def _enqueue(self, prep: _Prepared, *, polled: bool) -> Future[Line]:
+        """Queue ``prep`` for a worker; a ``polled`` request's line is also handed out by :meth:`poll`."""
+        fut: Future[Line] = Future()
+        with self._async_lock:
+            executor = self._workers()
+            self._pending[fut] = prep
+            fut.add_done_callback(self._on_done if polled else self._forget)
+            executor.submit(self._run_async, prep, fut)
+        return fut
+
+    def _expire(self, fut: Future[Line], prep: _Prepared) -> None:
+        """Answer ``fut`` with a deadline fallback unless it is answered already."""
+        if not fut.done():
+            self._complete(fut, self._fallback(prep, "deadline"))
+
     def _run_async(self, prep: _Prepared, fut: Future[Line]) -> None:
         if fut.done():
             return
         try:
             line = self._serve(prep, cancelled=fut.done)
-        except Exception:  # pragma: no cover - _serve already turns model errors into fallbacks
+        except Exception as exc:  # _serve already turns model errors into fallbacks: a bug
             log.exception("unexpected error in a worker")
-            line = self._fallback(prep, "model_error")
+            try:
+                line = self._fallback(prep, "model_error")
+            except Exception:  # not even a fallback: the caller hears the error, never silence
+                with contextlib.suppress(InvalidStateError):
+                    fut.set_exception(exc)
+                return
         self._complete(fut, line)
+
+    def _stream_async(self, prep: _Prepared, cancelled: Callable[[], bool],
+                      put: Callable[[str | Line | BaseException | None], None]) -> None:
+        """Decode ``prep`` as a stream on a worker: every piece, then the Line, then None, go to
+        ``put`` (an error raised instead of a Line goes there too, then None)."""
+
+        def work() -> None:
+            try:
+                for event in self._attempts(prep, cancelled, stream=True):
+                    put(event)
+            except Exception as exc:
+                put(exc)
+            finally:
+                put(None)
+
+        with self._async_lock:
+            self._workers().submit(work)
 
     def _complete(self, fut: Future[Line], line: Line) -> None:
         with contextlib.suppress(InvalidStateError):  # answered already (by poll or close)
@@ -752,6 +839,10 @@ class LineGenerator:
         with self._async_lock:
             if self._pending.pop(fut, None) is not None:
                 self._done.append(fut)
+
+    def _forget(self, fut: Future[Line]) -> None:
+        with self._async_lock:
+            self._pending.pop(fut, None)
 
     # ------------------------------------------------------------ decoding
 
@@ -972,6 +1063,50 @@ class LineStream:
                 yield event
 
 
+class AsyncLineStream:
+    """Async iterator of text pieces of one line (:meth:`LineGenerator.astream`); ``line`` holds
+    the :class:`Line` once the iteration ends. It may be iterated once."""
+
+    def __init__(self, gen: LineGenerator, prep: _Prepared) -> None:
+        self._gen = gen
+        self._prep = prep
+        self._cancel = threading.Event()
+        self._started = False
+        self.line: Line | None = None
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        if self._started:
+            raise RuntimeError("an AsyncLineStream can be iterated once")
+        self._started = True
+        return self._pieces()
+
+    def cancel(self) -> None:
+        """Stop decoding (the iteration then ends; also what leaving it early does)."""
+        self._cancel.set()
+
+    async def _pieces(self) -> AsyncIterator[str]:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[str | Line | BaseException | None] = asyncio.Queue()
+
+        def put(event: str | Line | BaseException | None) -> None:  # on the worker thread
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody listens
+                loop.call_soon_threadsafe(queue.put_nowait, event)
+
+        self._gen._stream_async(self._prep, self._cancel.is_set, put)
+        try:
+            while (event := await queue.get()) is not None:
+                if isinstance(event, BaseException):
+                    raise event
+                if isinstance(event, Line):
+                    self.line = event
+                elif event:
+                    yield event
+        finally:
+            self._cancel.set()  # left early or cancelled: the worker stops at its next token
+
+
 # --------------------------------------------------------------------------- loading helpers
 
 
@@ -1086,4 +1221,5 @@ def _fingerprint(model: FlashOnnx, path: Path) -> str:
     return f"{path.name}:{st.st_size}:{st.st_mtime_ns}"
 
 
-__all__ = ["Line", "LineGenerator", "LineRequest", "LineStream", "ModelLoadError", "active_params_percent"]
+__all__ = ["AsyncLineStream", "Line", "LineGenerator", "LineRequest", "LineStream", "ModelLoadError",
+           "active_params_percent"]
