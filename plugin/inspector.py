@@ -169,66 +169,93 @@ def _int_or(key: str) -> Any:
 
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>FlashNPC inspector</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
 <style>
+ *{box-sizing:border-box} html{color-scheme:dark}
  body{font:14px system-ui,sans-serif;margin:0;background:#1e2228;color:#e6e6e6}
- header{padding:8px 14px;background:#2b313a;display:flex;gap:24px;align-items:baseline}
- h1{font-size:17px;margin:0} h2{font-size:14px;margin:10px 0 6px;color:#9fb3c8}
- main{display:grid;grid-template-columns:300px 1fr 380px;gap:12px;padding:12px}
- section{background:#262b33;border-radius:6px;padding:8px 10px;overflow:auto;max-height:86vh}
- table{border-collapse:collapse;width:100%} td,th{padding:3px 5px;text-align:left}
+ header{padding:8px 14px;background:#2b313a;display:flex;flex-wrap:wrap;gap:8px 22px;align-items:baseline}
+ h1{font-size:17px;margin:0} h2{font-size:14px;margin:12px 0 6px;color:#9fb3c8} h2:first-child{margin-top:2px}
+ .chip{display:inline-block;margin-right:6px;padding:1px 8px;border-radius:9px;background:#3a4350;font-size:12px}
+ .chip b{color:#9fb3c8;font-weight:normal}
+ main{display:grid;grid-template-columns:minmax(210px,24%) minmax(0,1fr) minmax(240px,30%);gap:12px;
+  padding:12px;height:calc(100vh - 40px)}
+ section{background:#262b33;border-radius:6px;padding:8px 10px;overflow:auto;min-height:0}
+ @media (max-width:1100px){main{grid-template-columns:minmax(250px,34%) minmax(0,1fr);height:auto}
+  section{max-height:80vh} #recent{grid-column:1/-1}}
+ @media (max-width:700px){main{grid-template-columns:1fr}}
+ #npcs td{white-space:nowrap}
+ table{border-collapse:collapse;width:100%} td,th{padding:3px 5px;text-align:left} th{color:#9aa5b1;font-weight:600}
  tr.npc{cursor:pointer} tr.npc:hover,tr.sel{background:#3a4350}
  .st{padding:1px 6px;border-radius:8px;color:#111;font-size:12px}
- .node{display:inline-block;margin:2px 0;padding:2px 8px;border-radius:4px;color:#111;border:1px solid #0006}
+ .row{display:flex;align-items:center;gap:6px;margin:2px 0;white-space:nowrap}
+ .node{display:inline-block;padding:2px 8px;border-radius:4px;color:#111;border:1px solid #0006}
  .kind{font-size:11px;color:#333} .line{margin:4px 0;padding:4px 6px;background:#2f3640;border-radius:4px}
  .meta{color:#9aa5b1;font-size:12px} pre{white-space:pre-wrap;font-size:12px;margin:0}
+ .legend{margin-top:6px;color:#9aa5b1;font-size:12px;line-height:1.5}
+ dl{display:grid;grid-template-columns:max-content 1fr;gap:2px 10px;margin:0;font-size:13px}
+ dt{color:#9aa5b1} dd{margin:0;font-variant-numeric:tabular-nums}
+ .near{color:#77dd77} .empty{color:#9aa5b1;font-style:italic}
 </style></head><body>
 <header><h1>FlashNPC inspector</h1><span id="clock"></span><span id="ctx"></span></header>
 <main>
- <section><h2>NPCs</h2><table id="npcs"></table></section>
+ <section><h2>NPCs</h2><table id="npcs"></table>
+  <div class="legend"><span class="near">&#9679;</span> a player is near &nbsp; <span class="meta">zz</span> tree asleep
+   (ticked again when a key it read changes or its timer ends)</div>
+  <h2>players</h2><div id="players"></div>
+  <h2>metrics</h2><dl id="metrics"></dl></section>
  <section><h2 id="title">behavior tree</h2><div id="tree"></div><h2>blackboard</h2><pre id="bb"></pre></section>
- <section><h2>recent lines</h2><div id="lines"></div><h2>metrics</h2><pre id="metrics"></pre></section>
+ <section id="recent"><h2>recent lines <span class="meta">(newest first)</span></h2><div id="lines"></div></section>
 </main>
 <script>
 const STATE_COLORS={patrol:'#8ecae6',idle:'#d9d9d9',alert:'#ffb347',combat:'#ff6961',flee:'#f4a6d7',
  rest:'#b8b8ff',working:'#b5e48c',friendly:'#77dd77'};
 let selected=null;
 const esc=s=>String(s).replace(/[&<>"]/g,c=>({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;'}[c]));
-async function get(u){const r=await fetch(u);return r.json();}
+const num=v=>v==null?'-':Number(v).toFixed(1),pct=v=>v==null?'-':(100*v).toFixed(0)+'%';
+const counts=o=>{const e=Object.entries(o||{}).filter(([,n])=>n);return e.length?e.map(([k,n])=>k+' '+n).join(', '):'none';};
+const fmtv=v=>v===''||v==null?'-':typeof v==='object'?JSON.stringify(v):v;
+async function get(u){const r=await fetch(u);if(!r.ok)throw new Error(u+': '+r.status);return r.json();}
 async function refresh(){
  try{
   const w=await get('/api/world');
   document.getElementById('clock').textContent='t = '+w.time.toFixed(1)+' s, frame '+w.frame;
-  document.getElementById('ctx').textContent=Object.entries(w.context).map(([k,v])=>k+': '+v).join('  ');
+  document.getElementById('ctx').innerHTML=Object.entries(w.context).map(([k,v])=>
+   `<span class="chip"><b>${esc(k.replace(/_/g,' '))}</b> ${esc(v)}</span>`).join('');
+  document.getElementById('players').innerHTML=w.players.length?'<table><tr><th>player</th><th>at</th><th>reputation</th></tr>'+
+   w.players.map(p=>`<tr><td>${esc(p.name)}</td><td>${p.position.map(x=>Number(x).toFixed(0)).join(', ')}</td>`+
+   `<td>${esc(fmtv(p.reputation))}</td></tr>`).join('')+'</table>':'<span class="empty">no players</span>';
   const npcs=await get('/api/npcs');
   if(selected===null&&npcs.length)selected=npcs[0].id;
   document.getElementById('npcs').innerHTML='<tr><th>NPC</th><th>archetype</th><th>state</th></tr>'+
    npcs.map(n=>`<tr class="npc${n.id===selected?' sel':''}" data-id="${esc(n.id)}"><td>${esc(n.id)}</td>`+
    `<td>${esc(n.archetype)}</td><td><span class="st" style="background:${STATE_COLORS[n.state]||'#ddd'}">`+
-   `${esc(n.state)}</span>${n.players_near.length?' <span title="a player is near">&#9679;</span>':''}${n.asleep?' <span class="meta" title="asleep">zz</span>':''}</td></tr>`).join('');
+   `${esc(n.state)}</span>${n.players_near.length?' <span class="near" title="a player is near">&#9679;</span>':''}`+
+   `${n.asleep?' <span class="meta" title="tree asleep">zz</span>':''}</td></tr>`).join('');
   for(const tr of document.querySelectorAll('tr.npc'))tr.onclick=()=>{selected=tr.dataset.id;refresh();};
   if(selected!==null){
    const d=await get('/api/npcs/'+encodeURIComponent(selected));
    document.getElementById('title').textContent='behavior tree of '+d.id+' ('+d.archetype+', '+d.tree.main+')';
-   document.getElementById('tree').innerHTML=d.tree.nodes.map(n=>`<div style="margin-left:${n.depth*18}px">`+
+   document.getElementById('tree').innerHTML=d.tree.nodes.map(n=>`<div class="row" style="margin-left:${n.depth*18}px">`+
     `<span class="node" style="background:${n.color}" title="${esc(n.status)}">${esc(n.name)}`+
-    `${n.name!==n.id?' <span class="kind">'+esc(n.id)+'</span>':''}</span> <span class="meta">${esc(n.status)}</span></div>`).join('');
-   document.getElementById('bb').textContent=JSON.stringify(d.blackboard,null,1);
+    `${n.name!==n.id?' <span class="kind">'+esc(n.id)+'</span>':''}</span><span class="meta">${esc(n.status)}</span></div>`).join('');
+   document.getElementById('bb').textContent=Object.entries(d.blackboard).map(([k,v])=>k+': '+fmtv(v)).join('\\n');
   }
   const lines=await get('/api/lines?limit=30');
-  document.getElementById('lines').innerHTML=lines.reverse().map(l=>`<div class="line"><b>${esc(l.npc_id)}</b> `+
-   `<span class="meta">(${esc(l.state)}, ${esc(l.intent)}, ${l.latency_ms.toFixed(0)} ms${l.fallback?', fallback':''})</span>`+
-   `<br>${esc(l.text)}</div>`).join('');
+  document.getElementById('lines').innerHTML=lines.length?lines.reverse().map(l=>`<div class="line"><b>${esc(l.npc_id)}</b> `+
+   `<span class="meta">t ${Number(l.time).toFixed(1)} s · ${esc(l.state)}, ${esc(l.intent)} · ${l.latency_ms.toFixed(0)} ms`+
+   `${l.fallback?' · fallback'+(l.fallback_reason?' ('+esc(l.fallback_reason)+')':''):''}</span>`+
+   `<br>${esc(l.text)}</div>`).join(''):'<span class="empty">no lines yet: walk a player up to an NPC</span>';
   const m=await get('/api/metrics');
   const e=m.engine||{},s=m.world,pc=e.prefix_cache||{};
-  const ms=v=>v==null?'-':Number(v).toFixed(1)+' ms',pct=v=>v==null?'-':(100*v).toFixed(0)+'%';
-  document.getElementById('metrics').textContent=
-   `lines ${s.lines}  fallbacks ${s.fallbacks}  in flight ${s.in_flight}  queued ${s.queued}\\n`+
-   `latency p50 ${ms(s.latency_ms_p50)}  p99 ${ms(s.latency_ms_p99)}\\n`+
-   `stale dropped ${s.dropped_stale}  regenerated ${s.regenerated}\\n`+
-   `tree ticks ${s.tree_ticks}  sleeping ${s.trees_sleeping}\\n`+
-   `engine: lines ${e.lines}  prefix-cache hits ${pct(pc.hit_rate)}\\n`+
-   `  fallbacks ${JSON.stringify(e.fallback_reasons||{})}  active params ${Number(e.active_params_pct||0).toFixed(1)}%`;
- }catch(err){document.getElementById('clock').textContent='disconnected: '+err;}
+  const rows=[['lines',s.lines],['fallbacks',s.fallbacks],['in flight / queued',s.in_flight+' / '+s.queued],
+   ['latency p50 / p99',num(s.latency_ms_p50)+' / '+num(s.latency_ms_p99)+' ms'],
+   ['stale lines dropped',s.dropped_stale],['regenerated',s.regenerated],
+   ['tree ticks',s.tree_ticks],['trees asleep',s.trees_sleeping],
+   ['engine lines',e.lines==null?'-':e.lines],['prefix-cache hits',pct(pc.hit_rate)],
+   ['fallback reasons',counts(e.fallback_reasons)],
+   ['active parameters',e.active_params_pct==null?'-':Number(e.active_params_pct).toFixed(1)+'%']];
+  document.getElementById('metrics').innerHTML=rows.map(([k,v])=>`<dt>${esc(k)}</dt><dd>${esc(v)}</dd>`).join('');
+ }catch(err){document.getElementById('clock').textContent='disconnected: '+err.message;}
 }
 refresh();setInterval(refresh,700);
 </script></body></html>
