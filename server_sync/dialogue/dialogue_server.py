@@ -6,7 +6,8 @@ Connections run on :mod:`server_sync.transport.ws_io` behind the gate the sync s
 rate limit, schema validation, ``error`` + close on any violation, ``slow_consumer`` past
 ``max_outbound_bytes``). A connection may hold ``max_sessions_per_conn`` dialogue sessions and
 ``max_inflight_per_conn`` unanswered ``request_line`` messages (more get ``busy``); its
-sessions close when it disconnects. Sessions are private to the connection that opened
+sessions close when it disconnects. Every request is answered exactly once (``handle``); a
+``cancel`` answers its request at once with ``error cancelled``. Sessions are private to the connection that opened
 them: another connection naming the id gets ``unknown_session``.
 
 A request the service cannot take (queue full) is answered ``busy`` with the service's
@@ -29,8 +30,8 @@ from typing import Any
 
 from runtime.serving.dialogue_service import Busy, DialogueLine, DialogueService, SessionNotFound
 
-from ..transport.gate import GateConfig, GateConn, GatedServer, ws_frame
-from ..transport.wire import Codec, encode
+from ..transport.gate import GateConfig, GateConn, GatedServer
+from ..transport.wire import Codec
 from ..transport.ws_io import WsServerConnection
 from .dialogue_protocol import DIALOGUE_PROTOCOL_VERSION, decode_dialogue_client
 
@@ -61,6 +62,7 @@ class DialogueServer(GatedServer):
     """Serve ``service`` (already loaded; the server starts and closes it) per ``config``."""
 
     protocol_name = "dialogue protocol"
+    schema_name = "dialogue"
     protocol_version = DIALOGUE_PROTOCOL_VERSION
 
     def __init__(self, service: DialogueService, config: DialogueConfig) -> None:
@@ -121,11 +123,15 @@ class DialogueServer(GatedServer):
 
     # ---- sending -------------------------------------------------------------------------
     def _send(self, conn: _Conn, msg: dict[str, Any]) -> None:
-        self.write(conn, ws_frame(encode(msg, conn.codec)), 1)
+        self.send(conn, msg)
 
     def _request_error(self, conn: _Conn, rid: int, code: str, reason: str) -> None:
         self.errors[code] += 1
         self._send(conn, {"t": "error", "rid": rid, "code": code, "reason": reason[:800]})
+
+    def _busy(self, conn: _Conn, rid: int, retry_after_ms: int) -> None:
+        self.busy_total += 1
+        self._send(conn, {"t": "busy", "rid": rid, "retry_after_ms": retry_after_ms})
 
     # ---- connections (the gate's hooks) --------------------------------------------------
     def decode(self, frame: bytes | str) -> tuple[dict[str, Any], Codec]:
@@ -140,9 +146,28 @@ class DialogueServer(GatedServer):
         self._send(conn, {"t": "welcome", "v": DIALOGUE_PROTOCOL_VERSION, "player": conn.player})
 
     def handle(self, conn: GateConn, msg: dict[str, Any]) -> None:
+        """Every client message but hello/bye is answered exactly once, with its ``rid``:
+        ``open_session``, ``update_state``, ``close_session`` at once; ``request_line`` when
+        its line is done (or ``busy``/``error``); a ``cancel`` answers the cancelled request
+        (``error cancelled``) and nothing else."""
         assert isinstance(conn, _Conn)
-        self.messages[msg["t"]] += 1
-        self._dispatch(conn, msg)
+        t = msg["t"]
+        self.messages[t] += 1
+        if t == "open_session":
+            self._open_session(conn, msg)
+        elif t == "cancel":
+            self._cancel(conn, msg["rid"])
+        elif msg["session"] not in conn.sessions:
+            self._request_error(conn, msg["rid"], "unknown_session",
+                                f"{t}: no session {msg['session']!r} is open on this connection")
+        elif t == "close_session":
+            conn.sessions.discard(msg["session"])
+            self.service.close_session(msg["session"])
+            self._send(conn, {"t": "ok", "rid": msg["rid"]})
+        elif t == "update_state":
+            self._update_state(conn, msg)
+        else:
+            self._request_line(conn, msg)
 
     def bye(self, conn: GateConn) -> None:
         self.messages["bye"] += 1
@@ -157,74 +182,77 @@ class DialogueServer(GatedServer):
                 self.service.close_session(sid)
 
     # ---- messages ------------------------------------------------------------------------
-    def _dispatch(self, conn: _Conn, msg: dict[str, Any]) -> None:
-        t, rid = msg["t"], msg["rid"]
-        if t == "open_session":
-            if len(conn.sessions) >= self.config.max_sessions_per_conn:
-                self._request_error(conn, rid, "too_many_sessions", f"at most "
-                                    f"{self.config.max_sessions_per_conn} sessions per connection")
-                return
-            self._next_sid += 1
-            sid = f"{self._sid_prefix}{self._next_sid}"
-            try:
-                self.service.open_session(msg["archetype"], state=msg["state"],
-                                          persona=msg.get("persona", ()),
-                                          context=msg.get("context"), player_id=conn.player,
-                                          session_id=sid)
-            except Busy as exc:
-                self.busy_total += 1
-                self._send(conn, {"t": "busy", "rid": rid, "retry_after_ms": exc.retry_after_ms})
-                return
-            except ValueError as exc:
-                self._request_error(conn, rid, "invalid_request", f"open_session: {exc}")
-                return
-            conn.sessions.add(sid)
-            self._send(conn, {"t": "session", "rid": rid, "session": sid})
+    def _open_session(self, conn: _Conn, msg: dict[str, Any]) -> None:
+        rid = msg["rid"]
+        if len(conn.sessions) >= self.config.max_sessions_per_conn:
+            self._request_error(conn, rid, "too_many_sessions", f"at most "
+                                f"{self.config.max_sessions_per_conn} sessions per connection")
             return
-        sid = msg["session"]
-        if sid not in conn.sessions:
-            self._request_error(conn, rid, "unknown_session",
-                                f"{t}: no session {sid!r} is open on this connection")
+        self._next_sid += 1
+        sid = f"{self._sid_prefix}{self._next_sid}"
+        try:
+            self.service.open_session(msg["archetype"], state=msg["state"],
+                                      persona=msg.get("persona", ()),
+                                      context=msg.get("context"), player_id=conn.player,
+                                      session_id=sid)
+        except Busy as exc:
+            self._busy(conn, rid, exc.retry_after_ms)
             return
-        if t == "close_session":
-            conn.sessions.discard(sid)
-            self.service.close_session(sid)
-            self._send(conn, {"t": "ok", "rid": rid})
-        elif t == "update_state":
-            try:
-                self.service.update_state(sid, state=msg.get("state"), persona=msg.get("persona"),
-                                          context=msg.get("context"))
-            except ValueError as exc:
-                self._request_error(conn, rid, "invalid_request", f"update_state: {exc}")
-                return
-            self._send(conn, {"t": "ok", "rid": rid})
-        else:  # request_line
-            if rid in conn.inflight:
-                self._request_error(conn, rid, "duplicate_rid", f"request {rid} is still in flight")
-            elif len(conn.inflight) >= self.config.max_inflight_per_conn:
-                self.busy_total += 1
-                self._send(conn, {"t": "busy", "rid": rid, "retry_after_ms":
-                                  self.service.retry_after_ms()})
-            else:
-                task = asyncio.get_running_loop().create_task(self._line(conn, msg))
-                conn.inflight[rid] = task
-                task.add_done_callback(lambda _t, r=rid: conn.inflight.pop(r, None))
+        except ValueError as exc:
+            self._request_error(conn, rid, "invalid_request", f"open_session: {exc}")
+            return
+        conn.sessions.add(sid)
+        self._send(conn, {"t": "session", "rid": rid, "session": sid})
+
+    def _update_state(self, conn: _Conn, msg: dict[str, Any]) -> None:
+        try:
+            self.service.update_state(msg["session"], state=msg.get("state"),
+                                      persona=msg.get("persona"), context=msg.get("context"))
+        except ValueError as exc:
+            self._request_error(conn, msg["rid"], "invalid_request", f"update_state: {exc}")
+            return
+        self._send(conn, {"t": "ok", "rid": msg["rid"]})
+
+    def _request_line(self, conn: _Conn, msg: dict[str, Any]) -> None:
+        rid = msg["rid"]
+        if rid in conn.inflight:
+            self._request_error(conn, rid, "duplicate_rid", f"request {rid} is still in flight")
+        elif len(conn.inflight) >= self.config.max_inflight_per_conn:
+            self._busy(conn, rid, self.service.retry_after_ms())
+        else:
+            task = asyncio.get_running_loop().create_task(self._line(conn, msg))
+            conn.inflight[rid] = task
+            task.add_done_callback(lambda t, r=rid: _forget(conn.inflight, r, t))
+
+    def _cancel(self, conn: _Conn, rid: int) -> None:
+        """Answer the request_line ``rid`` with ``error cancelled`` now and drop its line; a
+        rid not in flight (already answered, or never asked) is ignored."""
+        task = conn.inflight.pop(rid, None)
+        if task is None:
+            return
+        task.cancel()
+        self._request_error(conn, rid, "cancelled", f"request_line {rid} cancelled by the client")
 
     async def _line(self, conn: _Conn, msg: dict[str, Any]) -> None:
         rid, sid = msg["rid"], msg["session"]
 
         def piece(text: str) -> None:
-            self._send(conn, {"t": "piece", "rid": rid, "text": text})
+            if conn.inflight.get(rid) is task:  # not after a cancel
+                self._send(conn, {"t": "piece", "rid": rid, "text": text})
 
+        task = asyncio.current_task()
+        # the service's request runs on even if this task is cancelled (a cancel message, or
+        # the connection closing): its own deadline ends it and it is answered to nobody
+        request = asyncio.ensure_future(self.service.request_line(
+            sid, msg["intent"], context=msg.get("context"), seed=msg.get("seed"),
+            deadline_ms=msg.get("deadline_ms"), max_tokens=msg.get("max_tokens"),
+            critical=msg.get("critical", False), batch=msg.get("batch", True),
+            on_piece=piece if msg.get("stream", False) else None))
+        request.add_done_callback(_retrieve)
         try:
-            line: DialogueLine = await self.service.request_line(
-                sid, msg["intent"], context=msg.get("context"), seed=msg.get("seed"),
-                deadline_ms=msg.get("deadline_ms"), max_tokens=msg.get("max_tokens"),
-                critical=msg.get("critical", False), batch=msg.get("batch", True),
-                on_piece=piece if msg.get("stream", False) else None)
+            line: DialogueLine = await asyncio.shield(request)
         except Busy as exc:
-            self.busy_total += 1
-            self._send(conn, {"t": "busy", "rid": rid, "retry_after_ms": exc.retry_after_ms})
+            self._busy(conn, rid, exc.retry_after_ms)
             return
         except SessionNotFound:
             self._request_error(conn, rid, "unknown_session", f"request_line: session {sid!r} closed")
@@ -241,6 +269,19 @@ class DialogueServer(GatedServer):
         if line.fallback_reason is not None:
             out["fallback_reason"] = line.fallback_reason
         self._send(conn, out)
+
+
+def _forget(inflight: dict[int, asyncio.Task[None]], rid: int, task: asyncio.Task[None]) -> None:
+    """Drop ``rid`` from ``inflight`` if it still names ``task`` (a cancelled rid may be
+    reused by a newer request)."""
+    if inflight.get(rid) is task:
+        del inflight[rid]
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark a finished service request's outcome as seen (nobody may await it any more)."""
+    if not future.cancelled():
+        future.exception()
 
 
 async def _start_http(server: DialogueServer, host: str, port: int) -> tuple[Any, int]:

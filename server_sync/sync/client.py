@@ -12,7 +12,10 @@ and calls ``on_change(change)`` for every :class:`~server_sync.sync.replica.Chan
 connection drops it reconnects with exponential backoff and full jitter, sends
 ``resume: {epoch, seq}`` so the server replays missed deltas (or sends a snapshot), and
 re-sends every intent not yet acknowledged (the server ignores ones it already applied).
-A delta out of order triggers a ``resync`` request.
+A delta out of order triggers a ``resync`` request. An intent the server refused (a
+server-authority rule, docs/protocol.md) is counted in ``refused`` by rule and passed to
+``on_refused(msg)``; where the server says the player stands (a snapshot, an admin move, a
+refused move) becomes ``position`` unless a move of the client's is still unacknowledged.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -58,6 +62,7 @@ class Client:
                  position: tuple[float, float] | None = None, codec: Codec = "msgpack",
                  on_change: Callable[[Change], None] | None = None,
                  on_message: Callable[[dict[str, Any], int], None] | None = None,
+                 on_refused: Callable[[dict[str, Any]], None] | None = None,
                  backoff_initial_s: float = 0.2, backoff_max_s: float = 10.0,
                  seed: int | None = None, open_timeout_s: float = 10.0) -> None:
         self.url = url
@@ -66,6 +71,7 @@ class Client:
         self.codec: Codec = codec
         self.on_change = on_change
         self.on_message = on_message
+        self.on_refused = on_refused
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self.open_timeout_s = open_timeout_s
@@ -85,6 +91,7 @@ class Client:
         self.gaps = 0
         self.bytes_in = 0
         self.frames_in = 0
+        self.refused: Counter[str] = Counter()
         self.last_error: tuple[str, str] | None = None
 
     @property
@@ -192,6 +199,8 @@ class Client:
             self._got_snapshot = True
             if t == "snapshot":
                 self._awaiting_snapshot = False
+            if t == "snapshot" or "pos" in msg:
+                self._server_moved(self.replica.player_pos)
             self.synced.set()
             if self.on_change is not None:
                 for ch in changes:
@@ -201,12 +210,22 @@ class Client:
                 self._got_snapshot = True
                 self.synced.set()  # the answer to a resume with nothing to replay
             self._on_ack(msg["cseq"])
+        elif t == "refused":
+            self.refused[msg["rule"]] += 1
+            if "pos" in msg:
+                self._server_moved(msg["pos"])
+            if self.on_refused is not None:
+                self.on_refused(msg)
         elif t == "error":
             self.last_error = (msg["code"], msg["reason"])
             if msg["code"] in FATAL_CODES:
                 raise FatalServerError(msg["code"], msg["reason"])
         elif t == "bye":
             self.last_error = ("bye", msg.get("reason", ""))
+
+    def _server_moved(self, pos: list[float] | None) -> None:
+        if pos is not None and not any("pos" in m for m in self._unacked.values()):
+            self.position = (float(pos[0]), float(pos[1]))
 
     def _on_ack(self, cseq: int) -> None:
         if cseq > self.acked:

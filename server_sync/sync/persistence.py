@@ -11,10 +11,15 @@ its changes and the players' new sequence numbers go in one transaction. So afte
 With ``synchronous=NORMAL`` a committed transaction survives a process crash; only an OS
 crash or power loss can lose the last ones (``synchronous="FULL"`` pays an fsync per tick
 instead).
+
+Every failure (the disk is full, the file is read-only or corrupt, a value SQLite cannot
+store) raises :class:`StoreError` with the real cause, after the transaction was rolled back
+(or SQLite rolled it back itself): the database holds exactly the ticks that committed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import time
@@ -23,7 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PLAYER_KEY", "POS_KEY", "IntentRecord", "Recovery", "Store"]
+__all__ = ["PLAYER_KEY", "POS_KEY", "IntentRecord", "Recovery", "Store", "StoreError"]
+
+_FAILURES = (sqlite3.Error, ValueError, TypeError, OverflowError)
+
+
+class StoreError(Exception):
+    """The world database cannot be opened, read or written; the message names the cause."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS snapshots (id INTEGER PRIMARY KEY, created REAL NOT NULL,
@@ -67,10 +78,13 @@ class Store:
         if synchronous not in ("NORMAL", "FULL"):
             raise ValueError("synchronous must be 'NORMAL' or 'FULL'")
         self.path = Path(path)
-        self.db = sqlite3.connect(str(self.path), isolation_level=None)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute(f"PRAGMA synchronous={synchronous}")
-        self.db.executescript(_SCHEMA)
+        try:
+            self.db = sqlite3.connect(str(self.path), isolation_level=None)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute(f"PRAGMA synchronous={synchronous}")
+            self.db.executescript(_SCHEMA)
+        except _FAILURES as exc:
+            raise StoreError(f"cannot open the world database {self.path}: {exc}") from None
 
     def _scalar(self, sql: str, args: tuple[Any, ...] = ()) -> Any:
         row = self.db.execute(sql, args).fetchone()
@@ -83,57 +97,76 @@ class Store:
     def journal_mode(self) -> str:
         return str(self._scalar("PRAGMA journal_mode"))
 
+    def _rollback(self) -> None:
+        """Roll back the open transaction, if SQLite has not already (it does on a full
+        disk): a failed ROLLBACK must not hide the error that caused it."""
+        if self.db.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self.db.execute("ROLLBACK")
+
     def commit_tick(self, intents: Iterable[IntentRecord],
                     changes: Iterable[tuple[str, str, Any]]) -> None:
         """Journal one tick in one transaction: the intents it applied and the changes
-        ``(npc, key, value)`` it produced."""
+        ``(npc, key, value)`` it produced; StoreError if it could not (nothing written)."""
         intents = list(intents)
         changes = list(changes)
         if not intents and not changes:
             return
+        best: dict[str, int] = {}
+        for r in intents:
+            best[r.player] = max(best.get(r.player, 0), r.cseq)
         db = self.db
-        db.execute("BEGIN")
         try:
-            db.execute("INSERT INTO journal (intents, changes) VALUES (?, ?)",
-                       (_dumps([[r.player, r.cseq, r.body] for r in intents]),
-                        _dumps(changes)))
-            if intents:
-                best: dict[str, int] = {}
-                for r in intents:
-                    best[r.player] = max(best.get(r.player, 0), r.cseq)
+            row = (_dumps([[r.player, r.cseq, r.body] for r in intents]), _dumps(changes))
+            db.execute("BEGIN IMMEDIATE")
+            db.execute("INSERT INTO journal (intents, changes) VALUES (?, ?)", row)
+            if best:
                 db.executemany(
                     "INSERT INTO players (player, cseq) VALUES (?, ?) ON CONFLICT(player) "
                     "DO UPDATE SET cseq = MAX(cseq, excluded.cseq)", list(best.items()))
             db.execute("COMMIT")
+        except _FAILURES as exc:
+            self._rollback()
+            raise StoreError(f"journal write failed: {exc}") from None
         except BaseException:
-            db.execute("ROLLBACK")
+            self._rollback()
             raise
 
     def write_snapshot(self, world_state: dict[str, Any]) -> None:
-        """Save the whole world and drop the journal rows it covers."""
+        """Save the whole world and drop the journal rows it covers; StoreError if it could
+        not (nothing written)."""
         db = self.db
-        db.execute("BEGIN")
         try:
+            data = _dumps(world_state)
+            db.execute("BEGIN IMMEDIATE")
             upto = self._scalar("SELECT COALESCE(MAX(id), 0) FROM journal")
             db.execute("INSERT INTO snapshots (created, journal_upto, data) VALUES (?, ?, ?)",
-                       (time.time(), upto, _dumps(world_state)))
+                       (time.time(), upto, data))
             db.execute("DELETE FROM snapshots WHERE id < (SELECT MAX(id) FROM snapshots)")
             db.execute("DELETE FROM journal WHERE id <= ?", (upto,))
             db.execute("COMMIT")
+        except _FAILURES as exc:
+            self._rollback()
+            raise StoreError(f"snapshot write failed: {exc}") from None
         except BaseException:
-            db.execute("ROLLBACK")
+            self._rollback()
             raise
 
     def recover(self) -> Recovery:
-        """What a restarting server needs: see :class:`Recovery`."""
-        row = self.db.execute(
-            "SELECT journal_upto, data FROM snapshots ORDER BY id DESC LIMIT 1").fetchone()
-        upto, snap = (row[0], json.loads(row[1])) if row else (0, None)
-        rec = Recovery(snap, player_cseq=dict(self.db.execute("SELECT player, cseq FROM players")))
-        for intents, changes in self.db.execute(
-                "SELECT intents, changes FROM journal WHERE id > ? ORDER BY id", (upto,)):
-            rec.intents += [IntentRecord(p, c, b) for p, c, b in json.loads(intents)]
-            rec.changes += [(n, k, v) for n, k, v in json.loads(changes)]
+        """What a restarting server needs: see :class:`Recovery`; StoreError if the database
+        cannot be read."""
+        try:
+            row = self.db.execute(
+                "SELECT journal_upto, data FROM snapshots ORDER BY id DESC LIMIT 1").fetchone()
+            upto, snap = (row[0], json.loads(row[1])) if row else (0, None)
+            rec = Recovery(snap, player_cseq=dict(self.db.execute(
+                "SELECT player, cseq FROM players")))
+            for intents, changes in self.db.execute(
+                    "SELECT intents, changes FROM journal WHERE id > ? ORDER BY id", (upto,)):
+                rec.intents += [IntentRecord(p, c, b) for p, c, b in json.loads(intents)]
+                rec.changes += [(n, k, v) for n, k, v in json.loads(changes)]
+        except _FAILURES as exc:
+            raise StoreError(f"cannot read the world database {self.path}: {exc}") from None
         return rec
 
 

@@ -14,7 +14,7 @@ scalar; pass ``synced_keys`` to restrict them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +97,9 @@ class PluginWorld:
             self.world.talk(npc, player_id, intent)
         except WorldError:
             self.talk_errors += 1  # e.g. an intent outside the model's catalog
+
+    def intents(self) -> Collection[str]:
+        return self.world.catalog["intents"]
 
     def apply_state(self, npc_id: str, key: str, value: Any) -> None:
         if npc_id not in self._ids:

@@ -36,13 +36,15 @@ class Change:
 
 
 class Replica:
-    """NPCs in range: ``npcs[id] = {"pos": [x, y], "state": {key: value}}``."""
+    """NPCs in range: ``npcs[id] = {"pos": [x, y], "state": {key: value}}``; ``player_pos``:
+    where the server has the player (from the snapshot, and deltas of admin moves)."""
 
     def __init__(self) -> None:
         self.epoch: str | None = None
         self.seq = -1  # nothing received yet
         self.npcs: dict[str, dict[str, Any]] = {}
         self.radius: float | None = None
+        self.player_pos: list[float] | None = None
 
     @property
     def synced(self) -> bool:
@@ -64,6 +66,7 @@ class Replica:
         self.epoch = msg["epoch"]
         self.seq = msg["seq"]
         self.radius = msg["radius"]
+        self.player_pos = list(msg["pos"])
         self.npcs = {n: {"pos": list(e["pos"]), "state": dict(e["state"])}
                      for n, e in msg["npcs"].items()}
         return [Change("reset", "")] + [Change("enter", n) for n in self.npcs]
@@ -74,6 +77,8 @@ class Replica:
         self.seq = msg["seq"]
         out: list[Change] = []
         npcs = self.npcs
+        if "pos" in msg:
+            self.player_pos = list(msg["pos"])
         for n in msg.get("leave", ()):
             if npcs.pop(n, None) is not None:
                 out.append(Change("leave", n))

@@ -7,10 +7,12 @@ task per connection, behind the gate it shares with the dialogue server
 limit, rate limit, schema validation, ``error`` + close on any violation, ``slow_consumer``
 past ``max_outbound_bytes``). A client's frames of a tick go out in one write.
 
-HTTP (aiohttp, ``http_port``): ``/health`` (``ready`` or ``degraded`` with reasons),
-``/metrics`` (Prometheus text format), and with an ``admin_token`` the load-test hooks
-``/admin/stats``, ``/admin/areas`` and ``POST /admin/freeze`` (header
-``Authorization: Bearer <admin_token>``).
+When the core fails closed (the journal cannot be written, :mod:`server_sync.sync.core`),
+every connection gets ``error unavailable`` and close code 1013, new hellos get the same,
+and ``/health`` is ``degraded`` with the database's own error, until the core recovers.
+
+HTTP (:mod:`server_sync.sync.http_port`): ``/health``, ``/metrics``, and with an
+``admin_token`` the admin endpoints and the plugin inspector.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 from prometheus_client import Histogram
 
 from ..transport.gate import GateConfig, GateConn, GatedServer, RateBucket, close_with, ws_frame
-from ..transport.wire import PROTOCOL_VERSION, Codec
+from ..transport.wire import PROTOCOL_VERSION, Codec, ProtocolError
 from ..transport.ws_io import WsServerConnection
 from .core import Session, SyncCore
 from .persistence import Store
@@ -54,19 +56,28 @@ class ServerConfig(GateConfig):
     grace_s: float = 30.0
     snapshot_every_s: float = 60.0
     admin_token: str | None = None
+    # server authority (server_sync.sync.authority)
+    max_speed: float = 50.0  # units per second
+    move_burst_s: float = 2.0  # seconds of movement a player may bank
+    talk_range: float | None = None  # None: the interest radius
+    bounds: tuple[float, float, float, float] | None = None  # None: NPCs' box grown by radius
 
 
 class SyncServer(GatedServer):
     """Serve ``world`` per ``config``; ``store`` adds persistence (and recovery)."""
 
     protocol_version = PROTOCOL_VERSION
+    schema_name = "sync"
 
     def __init__(self, world: SyncWorld, config: ServerConfig, store: Store | None = None) -> None:
         super().__init__(config)
         self.config: ServerConfig = config
         self.core = SyncCore(world, radius=config.radius, ring_size=config.ring_size,
                              grace_s=config.grace_s, store=store,
-                             snapshot_every_s=config.snapshot_every_s)
+                             snapshot_every_s=config.snapshot_every_s,
+                             max_speed=config.max_speed, move_burst_s=config.move_burst_s,
+                             talk_range=config.talk_range, bounds=config.bounds,
+                             tick_hz=config.tick_hz)
         self.store = store
         self.conns: dict[str, WsServerConnection] = {}  # player -> its live connection
         self.tick_seconds = 0.0  # duration of the last tick (world step to frames written)
@@ -79,6 +90,7 @@ class SyncServer(GatedServer):
         self.tick_overruns = 0
         self.started_at = time.time()
         self.last_tick_error: tuple[float, str] | None = None
+        self._outages_seen = 0
         self._http_runner: Any = None
         self._tick_task: asyncio.Task[None] | None = None
         self.http_port: int | None = None
@@ -118,6 +130,11 @@ class SyncServer(GatedServer):
         period = 1.0 / self.config.tick_hz
         if self._tick_task is None or self._tick_task.done():
             reasons.append("tick loop not running")
+        if self.core.unavailable is not None:
+            reasons.append(f"journal unavailable, clients refused: {self.core.unavailable}")
+        if self.core.snapshot_error is not None:
+            reasons.append(f"last snapshot failed (the journal still works): "
+                           f"{self.core.snapshot_error}")
         if self.last_tick_error is not None and time.time() - self.last_tick_error[0] < 60:
             reasons.append(f"a tick failed in the last minute: {self.last_tick_error[1]}")
         if self.tick_seconds > period:
@@ -147,11 +164,14 @@ class SyncServer(GatedServer):
             dt, last = min(now - last, 0.25), now
             try:
                 out = self.core.tick(dt, now)
-            except Exception as exc:  # e.g. the database is full: say so on /health
+            except Exception as exc:  # a bug in the world: say so on /health
                 log.exception("tick failed")
                 self.errors["tick_failed"] += 1
-                self.last_tick_error = (time.time(), repr(exc))
+                self.last_tick_error = (time.time(), f"{type(exc).__name__}: {exc}")
                 continue
+            if self.core.outages_total != self._outages_seen:
+                self._outages_seen = self.core.outages_total
+                self._refuse_all()
             for s in out:
                 self._flush(s)
             self.tick_seconds = time.perf_counter() - t0
@@ -159,11 +179,18 @@ class SyncServer(GatedServer):
             self.tick_duration.observe(self.tick_seconds)
             self.gc.step()
 
+    def _refuse_all(self) -> None:
+        """The core failed closed: close every connection with ``unavailable`` (1013)."""
+        reason = f"the server cannot save the world now ({self.core.unavailable}); try again later"
+        for ws in list(self.conns.values()):
+            self.kick(ws.state, "unavailable", reason, notify=True)
+        self.conns.clear()
+
     def _flush(self, s: Session) -> None:
         ws = self.conns.get(s.player_id)
         frames, s.outbox = s.outbox, []
         if ws is not None:  # one write (one send syscall) per client per flush
-            self.write(ws.state, b"".join(ws_frame(f) for f in frames), len(frames))
+            self.write(ws.state, frames)
 
     # ---- connections (the gate's hooks) --------------------------------------------------
     def decode(self, frame: bytes | str) -> tuple[dict[str, Any], Codec]:
@@ -171,6 +198,11 @@ class SyncServer(GatedServer):
 
     def new_conn(self, ws: WsServerConnection, timer: asyncio.TimerHandle) -> _Conn:
         return _Conn(ws, timer)
+
+    def admit(self, conn: GateConn, hello: dict[str, Any]) -> None:
+        if self.core.unavailable is not None:
+            raise ProtocolError("unavailable", f"the server cannot save the world now "
+                                               f"({self.core.unavailable}); try again later")
 
     def welcome(self, conn: GateConn, hello: dict[str, Any]) -> None:
         assert isinstance(conn, _Conn) and conn.player is not None

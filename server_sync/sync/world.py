@@ -13,12 +13,18 @@ The server world never generates lines: that happens client-side.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, Protocol
 
 from behavior_tree import Factory, Tree, TreeScheduler
 
-__all__ = ["NpcMoveObserver", "StateObserver", "SyncWorld", "TreeWorld", "sim_world"]
+__all__ = ["TALK_INTENTS", "NpcMoveObserver", "StateObserver", "SyncWorld", "TreeWorld",
+           "sim_world"]
+
+#: the dialogue intents of the shipped model's catalog (``runtime.LineGenerator.catalog()``;
+#: a test keeps them equal): what a ``talk`` may name in a world without its own catalog
+TALK_INTENTS = ("approach", "greet", "ask_directions", "ask_rumors", "trade", "threaten",
+                "farewell")
 
 Pos = tuple[float, float]
 StateObserver = Callable[[str, str, Any, Any], None]  # (npc_id, key, old, new)
@@ -49,6 +55,9 @@ class SyncWorld(Protocol):
     def talk(self, npc_id: str, player_id: str, intent: str) -> None:
         """Apply a player's dialogue choice (state changes only; no line generation)."""
 
+    def intents(self) -> Collection[str]:
+        """The dialogue intents a ``talk`` may name (the catalog)."""
+
     def apply_state(self, npc_id: str, key: str, value: Any) -> None:
         """Set a synced key directly (journal replay after a restart); key ``"@pos"``
         moves the NPC to ``value`` = [x, y]."""
@@ -73,12 +82,14 @@ class TreeWorld:
     """NPCs driven by behavior trees; ``synced_keys`` of each root blackboard replicate.
 
     ``talk(npc, player, intent)`` writes ``talking_to`` and ``last_intent`` on the NPC's
-    blackboard (so trees can react, and clients see it when those keys are synced).
+    blackboard (so trees can react, and clients see it when those keys are synced);
+    ``intents`` is the catalog a talk may name.
     """
 
     def __init__(self, *, synced_keys: Iterable[str] = ("state",), rate_hz: float = 10.0,
-                 seed: int = 0) -> None:
+                 seed: int = 0, intents: Iterable[str] = TALK_INTENTS) -> None:
         self.synced_keys = frozenset(synced_keys)
+        self._intents = frozenset(intents)
         self.time = 0.0
         self.scheduler = TreeScheduler(rate_hz=rate_hz, seed=seed)
         self.npcs: dict[str, _Npc] = {}
@@ -144,6 +155,9 @@ class TreeWorld:
         bb = npc.tree.blackboard
         bb.set("talking_to", player_id)
         bb.set("last_intent", intent)
+
+    def intents(self) -> Collection[str]:
+        return self._intents
 
     def apply_state(self, npc_id: str, key: str, value: Any) -> None:
         npc = self.npcs.get(npc_id)

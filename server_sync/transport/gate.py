@@ -3,13 +3,20 @@
 Both run on :mod:`server_sync.transport.ws_io` and share one gate (:class:`GatedServer`):
 
 - the first message must be a ``hello`` (``t``, ``v``, ``token``) within ``hello_timeout_s``,
-  with a token :func:`server_sync.transport.auth.verify_token` accepts and the server's protocol version;
+  with a JWT the server's :class:`~server_sync.transport.auth.TokenVerifier` accepts, not
+  revoked, and the server's protocol version;
+- the connection is closed (``token_expired``) when its token's ``exp`` passes;
 - after it, every message spends a token of a per-connection :class:`RateBucket`; ``bye``
-  closes the connection (1000) and a second ``hello`` is refused;
-- any :class:`~server_sync.transport.wire.ProtocolError` gets an ``error`` message and a close with
-  policy code 1008 whose reason is the error code (:func:`close_with`);
-- outbound frames go straight into the socket's write buffer (:meth:`GatedServer.write`); a
-  client whose unsent backlog passes ``max_outbound_bytes`` is dropped as ``slow_consumer``;
+  revokes the connection's token (:class:`~server_sync.transport.auth.RevokedTokens`) and
+  closes the connection (1000); a second ``hello`` is refused;
+- any :class:`~server_sync.transport.wire.ProtocolError` gets an ``error`` message and a close
+  whose reason starts with the error code (:meth:`GatedServer.kick`): policy code 1008, or
+  1013 (try again later) for ``unavailable``; a text frame that is not UTF-8 gets
+  ``bad_frame`` and close code 1007;
+- every outbound message goes through :meth:`GatedServer.write`, straight into the socket's
+  write buffer; a client whose unsent backlog passes ``max_outbound_bytes`` is dropped as
+  ``slow_consumer`` (with an ``error`` frame behind the backlog). :data:`outbound_check`, when
+  set (the test suite sets it), sees every message a server sends;
 - a frame over ``max_frame`` is closed by websockets with 1009 and counted as ``too_big``.
 
 A server subclasses :class:`GatedServer` and supplies its codec (``decode``), protocol version,
@@ -21,22 +28,26 @@ per-connection state (``new_conn``) and what happens on ``welcome``, each later 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import struct
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from websockets.exceptions import ConnectionClosed
-
-from .auth import verify_token
+from .auth import DEFAULT_AUDIENCE, Claims, RevokedTokens, TokenVerifier
 from .gc_policy import GcPolicy
-from .wire import Codec, ProtocolError, encode
+from .wire import MAX_REASON_LEN, Codec, ProtocolError, encode
 from .ws_io import WsServer, WsServerConnection, ws_serve
 
-__all__ = ["GateConfig", "GateConn", "GatedServer", "RateBucket", "close_with", "ws_frame"]
+__all__ = ["CLOSE_CODES", "GateConfig", "GateConn", "GatedServer", "RateBucket", "close_with",
+           "outbound_check", "ws_frame"]
+
+#: close codes other than 1008 (policy violation) for an error code
+CLOSE_CODES = {"unavailable": 1013}
+
+#: when set, called with (schema name, frame) for every message a server sends (tests)
+outbound_check: Callable[[str, bytes | str], None] | None = None
 
 
 def ws_frame(message: bytes | str) -> bytes:
@@ -60,14 +71,12 @@ def ws_frame(message: bytes | str) -> bytes:
     return struct.pack("!BBQ", opcode, 127, n) + payload
 
 
-def close_with(ws: WsServerConnection, code: str, reason: str, codec: Any, *, notify: bool) -> None:
-    """Close ``ws`` with policy code 1008 and reason ``code: reason`` without waiting for the
-    client (``notify``: send an ``error`` message first). The transport is aborted if the
-    close handshake has not finished within the connection's close timeout, so a client that
-    does not read cannot hold the server's memory."""
-    if notify and ws.open:
-        ws.send(encode({"t": "error", "code": code, "reason": reason[:800]}, codec))
-    ws.close(1008, f"{code}: {reason}")
+def close_with(ws: WsServerConnection, code: str, reason: str, *, close_code: int = 1008) -> None:
+    """Close ``ws`` with ``close_code`` and reason ``code: reason`` (cut to 123 bytes) without
+    waiting for the client. The transport is aborted if the close handshake has not finished
+    within the connection's close timeout, so a client that does not read cannot hold the
+    server's memory."""
+    ws.close(close_code, f"{code}: {reason}")
 
 
 class RateBucket:
@@ -105,6 +114,9 @@ class GateConfig:
     max_outbound_bytes: int = 256 * 1024
     hello_timeout_s: float = 5.0
     listen_backlog: int = 4096  # a reconnect storm must not overflow the accept queue
+    # tokens: HS256 with `secret`, plus the algorithm of `public_key` (PEM) when set
+    public_key: str | None = None
+    audience: str = DEFAULT_AUDIENCE
     # Garbage collection (server_sync.transport.gc_policy): survivors frozen every `gc_freeze_every_s`,
     # one full sweep every `gc_sweep_every_s`; 0 disables both.
     gc_freeze_every_s: float = 1.0
@@ -116,10 +128,11 @@ class GateConn:
     """A connection's state: before the hello only ``ws`` and the hello ``timer`` are set."""
 
     ws: WsServerConnection
-    timer: asyncio.TimerHandle
+    timer: asyncio.TimerHandle  # the hello timeout, then the token's expiry
     codec: Codec = "json"
     player: str | None = None
     bucket: RateBucket | None = None
+    claims: Claims | None = None
 
 
 class GatedServer:
@@ -127,10 +140,14 @@ class GatedServer:
     :class:`server_sync.transport.ws_io.ServerHandler`."""
 
     protocol_name = "protocol"
+    schema_name = ""  # the protocol table's name (server_sync.schemas), for outbound_check
     protocol_version = 1
 
     def __init__(self, config: GateConfig) -> None:
         self.config = config
+        self.verifier = TokenVerifier(config.secret, public_key=config.public_key,
+                                      audience=config.audience)
+        self.revoked = RevokedTokens()
         self.gc = GcPolicy(config.gc_freeze_every_s, config.gc_sweep_every_s)
         self.errors: Counter[str] = Counter()
         self.bytes_out = 0
@@ -145,6 +162,9 @@ class GatedServer:
 
     def new_conn(self, ws: WsServerConnection, timer: asyncio.TimerHandle) -> GateConn:
         return GateConn(ws, timer)
+
+    def admit(self, conn: GateConn, hello: dict[str, Any]) -> None:
+        """Before a valid hello is accepted: raise ProtocolError to refuse it."""
 
     def welcome(self, conn: GateConn, hello: dict[str, Any]) -> None:
         """The hello was accepted (``conn.player`` is set)."""
@@ -171,29 +191,46 @@ class GatedServer:
         if self._ws_server is None:
             return
         for conn in list(conns):
-            with contextlib.suppress(ConnectionClosed):
-                conn.ws.send(encode({"t": "bye", "reason": "server_shutdown"}, conn.codec))
+            self.send(conn, {"t": "bye", "reason": "server_shutdown"})
         await self._ws_server.close()
 
     # ---- sending -------------------------------------------------------------------------
-    def write(self, conn: GateConn, data: bytes, frames: int) -> None:
-        """Write ``frames`` pre-framed messages (:func:`ws_frame`) in one write; drop a client
-        whose unsent backlog passes ``max_outbound_bytes``."""
+    def write(self, conn: GateConn, messages: list[bytes | str]) -> None:
+        """Write encoded ``messages`` as WebSocket frames in one write (one send syscall);
+        drop a client whose unsent backlog passes ``max_outbound_bytes``."""
         ws = conn.ws
         transport = ws.transport
-        if transport is None or not ws.open:
+        if transport is None or not ws.open or not messages:
             return
+        if outbound_check is not None:
+            for m in messages:
+                outbound_check(self.schema_name, m)
+        data = b"".join(ws_frame(m) for m in messages) if len(messages) > 1 \
+            else ws_frame(messages[0])
         transport.write(data)
         self.bytes_out += len(data)
-        self.frames_out += frames
+        self.frames_out += len(messages)
         backlog = transport.get_write_buffer_size()
         if backlog > self.config.max_outbound_bytes:
             self.kick(conn, "slow_consumer", f"{backlog} bytes unsent (limit "
-                                             f"{self.config.max_outbound_bytes})")
+                                             f"{self.config.max_outbound_bytes})", notify=True)
+
+    def send(self, conn: GateConn, message: dict[str, Any]) -> None:
+        """Encode ``message`` in the connection's codec and :meth:`write` it."""
+        self.write(conn, [encode(message, conn.codec)])
 
     def kick(self, conn: GateConn, code: str, reason: str, *, notify: bool = False) -> None:
+        """Close ``conn`` for ``code`` (``notify``: send an ``error`` message first); the
+        close code is 1008 unless :data:`CLOSE_CODES` says otherwise."""
         self.errors[code] += 1
-        close_with(conn.ws, code, reason, conn.codec, notify=notify)
+        ws = conn.ws
+        if notify and ws.open and ws.transport is not None:
+            frame = encode({"t": "error", "code": code,
+                            "reason": reason[:MAX_REASON_LEN * 4]}, conn.codec)
+            if outbound_check is not None:
+                outbound_check(self.schema_name, frame)
+            ws.transport.write(ws_frame(frame))  # behind any backlog: no recursion into write
+        close_with(ws, code, reason, close_code=CLOSE_CODES.get(code, 1008))
 
     # ---- connections (server_sync.transport.ws_io.ServerHandler) -----------------------------------
     def on_open(self, ws: WsServerConnection) -> None:
@@ -205,6 +242,17 @@ class GatedServer:
         conn: GateConn = ws.state
         if conn.player is None:
             self.kick(conn, "not_authenticated", "no hello within the timeout", notify=True)
+
+    def _token_expired(self, conn: GateConn) -> None:
+        assert conn.claims is not None
+        self.kick(conn, "token_expired", f"token expired at {conn.claims.exp:.0f}", notify=True)
+
+    def on_invalid_text(self, ws: WsServerConnection, reason: str) -> None:
+        """A text frame that is not UTF-8: ``bad_frame``, then close code 1007."""
+        conn: GateConn = ws.state
+        self.errors["bad_frame"] += 1
+        self.send(conn, {"t": "error", "code": "bad_frame", "reason": reason})
+        close_with(ws, "bad_frame", reason, close_code=1007)
 
     def on_message(self, ws: WsServerConnection, frame: bytes | str) -> None:
         conn: GateConn = ws.state
@@ -218,6 +266,8 @@ class GatedServer:
             t = msg["t"]
             if t == "bye":
                 self.bye(conn)
+                if conn.claims is not None:
+                    self.revoked.revoke(conn.claims, time.time())
                 ws.close(1000, "bye")
             elif t == "hello":
                 raise ProtocolError("bad_message", "hello: already authenticated")
@@ -227,15 +277,22 @@ class GatedServer:
             self.kick(conn, err.code, err.reason, notify=True)
 
     def _hello(self, conn: GateConn, frame: bytes | str) -> None:
-        msg, conn.codec = self.decode(frame)
+        conn.codec = "json" if isinstance(frame, str) else "msgpack"  # errors in the client's codec
+        msg, _ = self.decode(frame)
         if msg["t"] != "hello":
             raise ProtocolError("not_authenticated", f"first message must be hello, got {msg['t']}")
-        player = verify_token(self.config.secret, msg["token"])
+        now = time.time()
+        claims = self.verifier.verify(msg["token"], now=now)
+        if claims.key in self.revoked:
+            raise ProtocolError("auth_failed", "token was ended with bye; get a new one")
         if msg["v"] != self.protocol_version:  # refuse before touching a live connection
             raise ProtocolError("unsupported_version", f"server speaks {self.protocol_name} "
                                 f"{self.protocol_version}, client {msg['v']}")
+        self.admit(conn, msg)  # raises ProtocolError to refuse (e.g. unavailable)
         conn.timer.cancel()
-        conn.player = player
+        conn.timer = conn.ws.loop.call_later(claims.exp - now, self._token_expired, conn)
+        conn.player = claims.sub
+        conn.claims = claims
         conn.bucket = RateBucket(self.config.rate_per_s, self.config.rate_burst, time.monotonic())
         self.welcome(conn, msg)
 

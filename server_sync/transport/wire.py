@@ -1,12 +1,13 @@
-"""What both WebSocket protocols share (docs/protocol.md): frames, codecs, errors and the
-building blocks of their schema checks. Pure functions only: no sockets, no clocks.
+"""What both WebSocket protocols share (docs/protocol.md): frames, codecs, errors and limits.
+Pure functions only: no sockets, no clocks.
 
 A message is a dict whose ``"t"`` names its type. Binary WebSocket frames carry msgpack, text
 frames carry JSON; both encode the same dicts, and a server answers in the codec its client
 spoke first. A frame or message that breaks a protocol raises :class:`ProtocolError`, whose
 ``code`` is one of :data:`ERROR_CODES` and whose ``reason`` names the offending field.
 
-The messages themselves are :mod:`server_sync.sync.protocol`'s (the sync server) and
+The messages themselves are tables of :mod:`server_sync.transport.schema` specs:
+:mod:`server_sync.sync.protocol`'s (the sync server) and
 :mod:`server_sync.dialogue.dialogue_protocol`'s (the dialogue server).
 """
 
@@ -19,6 +20,7 @@ import msgpack
 
 __all__ = [
     "ERROR_CODES",
+    "MAX_CLOSE_REASON_BYTES",
     "MAX_ID_LEN",
     "MAX_INTENT_LEN",
     "MAX_REASON_LEN",
@@ -26,10 +28,9 @@ __all__ = [
     "PROTOCOL_VERSION",
     "Codec",
     "ProtocolError",
+    "clip_utf8",
     "decode",
-    "decode_validated",
     "encode",
-    "validate_message",
 ]
 
 PROTOCOL_VERSION = 1
@@ -50,12 +51,24 @@ ERROR_CODES = frozenset({
     "server_shutdown",
     "replaced",           # the same player connected again elsewhere
     "session_expired",
+    "unavailable",        # the server cannot journal (disk full, database error): try later
 })
 
 MAX_ID_LEN = 64
 MAX_TOKEN_LEN = 1024
 MAX_INTENT_LEN = 32
 MAX_REASON_LEN = 200
+#: a close frame's reason is at most 123 bytes of UTF-8 (RFC 6455: 125 with the 2-byte code)
+MAX_CLOSE_REASON_BYTES = 123
+
+
+def clip_utf8(text: str, max_bytes: int) -> str:
+    """``text`` cut to at most ``max_bytes`` bytes of UTF-8, on a character boundary (a lone
+    surrogate, which UTF-8 cannot carry, becomes U+FFFD)."""
+    data = text.encode("utf-8", "replace")
+    if len(data) <= max_bytes:
+        return data.decode("utf-8")
+    return data[:max_bytes].decode("utf-8", "ignore")
 
 
 class ProtocolError(Exception):
@@ -72,6 +85,13 @@ class ProtocolError(Exception):
 # ---- codecs ------------------------------------------------------------------------------
 
 _packb = msgpack.Packer(use_bin_type=True).pack
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+_json_loads = json.JSONDecoder(parse_constant=_no_constant).decode
 _json_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False,
                                allow_nan=False).encode
 
@@ -89,68 +109,18 @@ def decode(frame: bytes | str) -> tuple[dict[str, Any], Codec]:
     """Decode one frame into a dict; the codec follows the frame type (bytes: msgpack)."""
     try:
         if isinstance(frame, str):
-            obj, codec = json.loads(frame), "json"
+            obj, codec = _json_loads(frame), "json"
         elif isinstance(frame, (bytes, bytearray, memoryview)):
             obj, codec = msgpack.unpackb(frame, raw=False, strict_map_key=True), "msgpack"
         else:
             raise ProtocolError("bad_frame", f"frame must be bytes or str, not {type(frame).__name__}")
     except ProtocolError:
         raise
+    except RecursionError:
+        raise ProtocolError("bad_frame", "undecodable frame: nested too deeply") from None
     except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError,
             msgpack.StackError) as exc:
-        raise ProtocolError("bad_frame", f"undecodable frame: {exc}") from None
-    if not isinstance(obj, dict):
+        raise ProtocolError("bad_frame", f"undecodable frame: {str(exc)[:200]}") from None
+    if type(obj) is not dict:
         raise ProtocolError("bad_message", f"a message must be a map, got {type(obj).__name__}")
     return obj, codec  # type: ignore[return-value]
-
-
-# ---- schema building blocks --------------------------------------------------------------
-
-def _bad(where: str, what: str) -> ProtocolError:
-    return ProtocolError("bad_message", f"{where}: {what}")
-
-
-def _int(msg: dict[str, Any], key: str, where: str, *, minimum: int = 0,
-         optional: bool = False) -> None:
-    if key not in msg and optional:
-        return
-    v = msg.get(key)
-    if type(v) is not int:
-        raise _bad(where, f"'{key}' must be an integer, got {type(v).__name__}")
-    if v < minimum:
-        raise _bad(where, f"'{key}' must be >= {minimum}, got {v}")
-
-
-def _str(msg: dict[str, Any], key: str, where: str, max_len: int, *,
-         optional: bool = False) -> None:
-    if key not in msg and optional:
-        return
-    v = msg.get(key)
-    if not isinstance(v, str):
-        raise _bad(where, f"'{key}' must be a string, got {type(v).__name__}")
-    if not 0 < len(v) <= max_len:
-        raise _bad(where, f"'{key}' must be 1..{max_len} characters, got {len(v)}")
-
-
-def _only(msg: dict[str, Any], allowed: frozenset[str], where: str) -> None:
-    extra = msg.keys() - allowed
-    if extra:
-        raise _bad(where, f"unknown field(s) {sorted(map(str, extra))}")
-
-
-def validate_message(m: dict[str, Any], table: dict[str, Any], direction: str) -> dict[str, Any]:
-    """Check ``m`` with the validator ``table`` holds for its type ``t`` (ProtocolError if the
-    type is unknown for ``direction`` or a field is bad); return it unchanged."""
-    t = m.get("t")
-    check = table.get(t) if isinstance(t, str) else None
-    if check is None:
-        raise _bad("message", f"'t' must be one of {sorted(table)} ({direction}), got {t!r:.40}")
-    check(m)
-    return m
-
-
-def decode_validated(frame: bytes | str, table: dict[str, Any], direction: str
-                     ) -> tuple[dict[str, Any], Codec]:
-    """Decode ``frame`` and check it against ``table`` (see :func:`validate_message`)."""
-    m, codec = decode(frame)
-    return validate_message(m, table, direction), codec

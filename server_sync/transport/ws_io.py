@@ -47,6 +47,8 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 from websockets.uri import parse_uri
 
+from .wire import MAX_CLOSE_REASON_BYTES, clip_utf8
+
 __all__ = ["ServerHandler", "WsClientConnection", "WsConnection", "WsServer",
            "WsServerConnection", "ws_connect", "ws_serve"]
 
@@ -79,7 +81,12 @@ class WsConnection(asyncio.Protocol):
         self._write()
         for event in events:
             if isinstance(event, Frame):
-                message = self._assemble(event)
+                try:
+                    message = self._assemble(event)
+                except UnicodeDecodeError as exc:
+                    if self.protocol.state is State.OPEN:
+                        self.on_invalid_text(f"invalid UTF-8 in a text frame at byte {exc.start}")
+                    return
                 if message is not None and self.protocol.state is State.OPEN:
                     self.on_message(message)
             else:
@@ -102,6 +109,10 @@ class WsConnection(asyncio.Protocol):
 
     def on_handshake(self, event: Request | Response) -> None:
         raise NotImplementedError
+
+    def on_invalid_text(self, reason: str) -> None:
+        """A text message was not valid UTF-8 (RFC 6455 section 8.1): close with 1007."""
+        self.close(1007, reason)
 
     # ---- frames ----------------------------------------------------------------------------
     def _assemble(self, frame: Frame) -> bytes | str | None:
@@ -150,9 +161,11 @@ class WsConnection(asyncio.Protocol):
 
     def close(self, code: int = 1000, reason: str = "") -> None:
         """Start the closing handshake (the transport is aborted if the peer has not
-        finished it within ``close_timeout_s``); a no-op unless the connection is open."""
+        finished it within ``close_timeout_s``); a no-op unless the connection is open.
+        ``reason`` is cut to 123 bytes of UTF-8 on a character boundary (a close frame's
+        payload is at most 125 bytes)."""
         if self.protocol.state is State.OPEN:
-            self.protocol.send_close(code, reason[:120])
+            self.protocol.send_close(code, clip_utf8(reason, MAX_CLOSE_REASON_BYTES))
             self._write()
 
     def abort(self) -> None:
@@ -250,11 +263,14 @@ async def ws_connect(url: str, on_message: OnMessage, *, open_timeout_s: float |
 # ---- server --------------------------------------------------------------------------------
 
 class ServerHandler(Protocol):
-    """What a server built on :func:`ws_serve` implements. All three are called on the loop
-    thread, synchronously; ``on_close`` only for connections that were opened."""
+    """What a server built on :func:`ws_serve` implements. All are called on the loop
+    thread, synchronously; ``on_close`` only for connections that were opened.
+    ``on_invalid_text`` (a text message that is not UTF-8) must close the connection with
+    1007 (``conn.close(1007, reason)``), after whatever the server says first."""
 
     def on_open(self, conn: WsServerConnection) -> None: ...
     def on_message(self, conn: WsServerConnection, message: bytes | str) -> None: ...
+    def on_invalid_text(self, conn: WsServerConnection, reason: str) -> None: ...
     def on_close(self, conn: WsServerConnection) -> None: ...
 
 
@@ -303,6 +319,13 @@ class WsServerConnection(WsConnection):
 
     def on_message(self, message: bytes | str) -> None:
         self._call(self.server.handler.on_message, message)
+
+    def on_invalid_text(self, reason: str) -> None:
+        hook = getattr(self.server.handler, "on_invalid_text", None)
+        if hook is None:
+            super().on_invalid_text(reason)
+        else:
+            self._call(hook, reason)
 
     def _call(self, fn: Callable[..., None], *args: Any) -> None:
         try:

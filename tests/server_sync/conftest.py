@@ -8,7 +8,7 @@ import pytest
 from server_sync import ServerConfig, SyncServer, issue_token
 from server_sync.sync.world import sim_world
 
-SECRET = b"test-secret-0123456789"
+SECRET = b"test-secret-0123456789-0123456789"
 
 
 async def until(cond, timeout=10.0, what="condition"):

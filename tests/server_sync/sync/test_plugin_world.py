@@ -78,22 +78,43 @@ async def test_a_client_mode_world_mirrors_server_state_into_its_own_npcs():
         await server.stop()
 
 
-async def test_the_http_port_serves_the_plugin_inspector_next_to_health():
+async def test_the_http_port_serves_the_plugin_inspector_next_to_health_to_the_admin_only():
+    import aiohttp
+
+    server = SyncServer(village_world("examples/village", 3),
+                        ServerConfig(secret=SECRET, port=0, http_port=0, admin_token="adm"))
+    await server.start()
+    try:
+        base = f"http://127.0.0.1:{server.http_port}"
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+            for path in ("/api/npcs", "/api/world", "/"):
+                async with http.get(f"{base}{path}") as r:
+                    assert r.status == 401, path  # every player's position: admin only
+            async with http.get(f"{base}/api/npcs", headers={"Authorization": "Bearer adm"}) as r:
+                assert r.status == 200
+                assert {n["id"] for n in await r.json()} == {"bram", "mira", "oswin"}
+            async with http.get(f"{base}/?token=wrong") as r:
+                assert r.status == 401
+            async with http.get(f"{base}/?token=adm") as r:  # a browser: the cookie, then the page
+                assert r.status == 200 and "inspector" in (await r.text()).lower()
+            async with http.get(f"{base}/api/npcs") as r:
+                assert r.status == 200  # the page's own requests carry the cookie
+            async with http.get(f"{base}/metrics") as r:
+                assert "flashnpc_sync_clients" in await r.text()
+    finally:
+        await server.stop()
+
+
+async def test_without_an_admin_token_the_inspector_is_forbidden():
     import aiohttp
 
     server = SyncServer(village_world("examples/village", 3),
                         ServerConfig(secret=SECRET, port=0, http_port=0))
     await server.start()
     try:
-        base = f"http://127.0.0.1:{server.http_port}"
-        async with aiohttp.ClientSession() as http:
-            async with http.get(f"{base}/api/npcs") as r:
-                assert r.status == 200
-                assert {n["id"] for n in await r.json()} == {"bram", "mira", "oswin"}
-            async with http.get(f"{base}/") as r:
-                assert "inspector" in (await r.text()).lower()
-            async with http.get(f"{base}/metrics") as r:
-                assert "flashnpc_sync_clients" in await r.text()
+        async with aiohttp.ClientSession() as http, \
+                http.get(f"http://127.0.0.1:{server.http_port}/api/npcs") as r:
+            assert r.status == 403
     finally:
         await server.stop()
 

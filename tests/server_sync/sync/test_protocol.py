@@ -43,18 +43,20 @@ def test_a_frame_that_is_not_a_map_is_bad_message():
 @pytest.mark.parametrize(("message", "needle"), [
     ({"t": "nope"}, "'t' must be one of"),
     ({"t": "snapshot", "v": 1}, "'t' must be one of"),            # server type sent by a client
-    ({"t": "hello", "v": 1}, "'token' must be a string"),
+    ({"t": "hello", "v": 1}, "'token' is required"),
+    ({"t": "hello", "v": 1, "token": 7}, "'token' must be a string"),
     ({"t": "hello", "v": "1", "token": "x"}, "'v' must be an integer"),
     ({"t": "hello", "v": 1, "token": "x", "admin": True}, "unknown field"),
     ({"t": "hello", "v": 1, "token": "x", "resume": {"epoch": "e", "seq": -1}}, "'seq' must be >= 0"),
     ({"t": "hello", "v": 1, "token": "x" * 2000}, "1..1024 characters"),
     ({"t": "intent", "cseq": 0, "pos": [1, 2]}, "'cseq' must be >= 1"),
     ({"t": "intent", "cseq": 1}, "needs 'pos' or 'talk'"),
-    ({"t": "intent", "cseq": 1, "pos": [1]}, "intent.pos"),
+    ({"t": "intent", "cseq": 1, "pos": [1]}, "intent: 'pos' must be [x, y]"),
     ({"t": "intent", "cseq": 1, "pos": [1, math.inf]}, "finite numbers"),
-    ({"t": "intent", "cseq": 1, "pos": [True, 2]}, "intent.pos"),
-    ({"t": "intent", "cseq": 1, "talk": {"npc": "n1"}}, "'intent' must be a string"),
-    ({"t": "resync"}, "'seq' must be an integer"),
+    ({"t": "intent", "cseq": 1, "pos": [True, 2]}, "intent: 'pos' must be [x, y]"),
+    ({"t": "intent", "cseq": 1, "talk": {"npc": "n1"}}, "intent.talk: 'intent' is required"),
+    ({"t": "resync"}, "'seq' is required"),
+    ({"t": "resync", "seq": 1.0}, "'seq' must be an integer"),
 ])
 def test_client_messages_failing_the_schema_name_the_field(message, needle):
     with pytest.raises(ProtocolError, match=re.escape(needle)) as err:
