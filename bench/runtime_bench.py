@@ -11,8 +11,10 @@ lines each per repetition, so the machine's noise hits them alike; figures are t
 Peers (all LineGenerator, same weights):
   int4 sparse      the shipped graph (model.int4.onnx, QMoE: only the routed expert runs), cache on,
                    with the model's word constraints (vocabulary and signatures when it ships them)
-  no word cons.    the same, with the static banned words only (no vocabulary, no signatures):
-                   the cost of the word constraints is the ratio of the two
+  no text rules    the same, with the word constraints but without their text rules (punctuation,
+                   case, doubled words: WordConstraint(text_rules=False)): their cost on its own
+  no word cons.    the same, with the static banned words only (no vocabulary, no signatures, no
+                   text rules): the cost of the word constraints is the ratio of the first and this
   fp32             model.onnx (fp32, sparse gather), cache on
   int4 dense       every expert computed for every token, then gated (built from --checkpoint)
   int4 no-cache    the shipped graph with the prefix KV cache off
@@ -37,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.client.constraints import WordConstraint
+from runtime.client.constraints import WordConstraint, read_constraints
 from runtime.client.generator import LineGenerator, LineRequest
 from runtime.client.onnx_model import DEFAULT_MODEL_DIR, FlashOnnx
 
@@ -255,9 +257,12 @@ def main(argv: list[str] | None = None) -> int:
         opts = {"min_mean_logprob": None} if args.accept_gibberish else {}
         base = LineGenerator.load(args.model, **opts)
         plain = LineGenerator.load(args.model, **opts)
-        plain.mask = WordConstraint(plain.banned_words, plain.tokenizer)  # banned words only
+        plain.mask = WordConstraint(plain.banned_words, plain.tokenizer, text_rules=False)  # banned words only
         plain.mask.precompute()
-        peers = [Peer("int4 sparse", base), Peer("no word cons.", plain)]
+        loose = LineGenerator.load(args.model, **opts)
+        loose.mask = read_constraints(args.model).word_constraint(loose.tokenizer, text_rules=False)
+        loose.mask.precompute()
+        peers = [Peer("int4 sparse", base), Peer("no text rules", loose), Peer("no word cons.", plain)]
         ckpt = find_checkpoint(args.model, args.checkpoint)
         if (args.model / "model.onnx").is_file():
             peers.append(Peer("fp32", LineGenerator.load(args.model, file="model.onnx", **opts)))
@@ -332,6 +337,10 @@ def main(argv: list[str] | None = None) -> int:
           f"line); p99 {med(ref.p99):.2f} vs {med(plain_peer.p99):.2f} ms; fallbacks {ref.fallbacks} vs "
           f"{plain_peer.fallbacks}; lines resampled {ref.resampled} vs {plain_peer.resampled} "
           f"(of {args.reps * args.lines})")
+    loose_peer = next(p for p in peers if p.name == "no text rules")
+    print(f"text rules: p50 {med(ref.p50):.2f} ms with vs {med(loose_peer.p50):.2f} ms without "
+          f"({med(ref.p50) / med(loose_peer.p50):.3f}x); fallbacks {ref.fallbacks} vs {loose_peer.fallbacks}; "
+          f"lines resampled {ref.resampled} vs {loose_peer.resampled}")
     nocache = next(p for p in peers if p.name == "int4 no-cache")
     share = hit_tokens / prompt_tokens
     print(f"\nprefix cache: TTFT p50 {med(ref.ttft):.2f} ms on a hit vs {med(nocache.ttft):.2f} ms without "
@@ -350,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
             "peers": {p.name: {"p50_ms": med(p.p50), "p99_ms": med(p.p99), "ttft_p50_ms": med(p.ttft),
                                "fallbacks": p.fallbacks, "resampled": p.resampled} for p in peers},
             "word_constraints_ratio": med(ref.p50) / med(plain_peer.p50),
+            "text_rules_ratio": med(ref.p50) / med(loose_peer.p50),
             "prefix_share": share, "batch16_ms": many, "single16_ms": one,
             "iobinding_ms": bound_ms, "iobinding_prealloc_ms": prealloc_ms, "plain_ms": plain_ms, **fresh},
             indent=2))

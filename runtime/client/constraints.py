@@ -32,6 +32,19 @@ blocks every token that would
   show only its complete words (:func:`settled_text`) and prefer another sample or a fallback
   line.
 
+The same masks apply the *text rules* (:data:`TEXT_RULES`, on unless ``text_rules=False``): a
+character automaton over the line as written (case kept, a slot as one character; state
+``WordState.shape``) has no move for the glitches :func:`runtime.factory.text_metrics.glitches`
+counts: after ``. , ! ? ; :`` and any spaces no token may start with one of them, except the dots
+that make a three-dot ellipsis exactly (``..`` only goes on to a third dot, and a line never ends
+on it); no space before a mark; no mark and no lower-case letter at the line's start or, after
+``. ! ?`` and a space, at a sentence's start (a capital, a slot, a quote or a digit may start
+one). And no doubled word (``WordState.echo``: the last word or slot, while only spaces follow
+it): a word being spelled that is the echo may not end, a slot may not follow itself, and the
+token that would start the repeat is blocked where it could never end (the line's last token, a
+trie leaf). Tables per shape (and the repeat's few cases per state) are built at load and
+memoised per state, so a step adds one dict lookup and one index assignment.
+
 A token that ends exactly on a banned word (``" car"``) is allowed, because the next token may
 still extend it (``"t"`` -> ``"cart"``); the next token is then only allowed if it keeps
 spelling letters.
@@ -80,6 +93,7 @@ _NEG_INF = np.float32(-np.inf)
 _MAX_MOVES = 24  # phrase states going on with more words leave their dead ends to the root's judgement
 _DEAD = -1  # trie node of a word no tracked word starts with (only tracked without a vocabulary)
 _BOUNDARY, _LETTERS, _APOSTROPHE, _AFTER = 0, 1, 2, 3  # WordState.mode
+_ECHO_OTHER, _ECHO_KEEP, _ECHO_SLOT, _ECHO_EXACT = range(4)  # how a token read whole moves WordState.echo
 _VOCAB_TAG, _BANNED_TAG, _FREE_TAG = "vocabulary", "banned", "free"  # reserved tags; no request bans "free"
 
 
@@ -98,11 +112,69 @@ class WordState(NamedTuple):
     phrase automaton's state, the longest run of last completed words that begins a phrase;
     inside a word, the first state of its failure chain that goes on with a word the word being
     spelled may become, else 0 (an equivalent state: see ``WordConstraint._state``).
+
+    ``shape`` and ``echo`` are the text rules' part (see :data:`TEXT_RULES`): ``shape`` the
+    punctuation and case automaton's state (0 at the line's start, :data:`MID_LINE`'s after a
+    word); ``echo`` the last completed word (its trie node) or slot (``len(trie) + token id``)
+    when only spaces followed it, which the next word or slot may not repeat (-1: none).
     """
 
     node: int = 0
     mode: int = 0
     phrase: int = 0
+    shape: int = 0
+    echo: int = -1
+
+
+# ---------------------------------------------------------------- text rules (punctuation, case)
+#
+# The shape automaton reads a line's characters (case kept, a slot token as one "other"
+# character) and has no move where the text would hold a glitch that
+# runtime.factory.text_metrics.glitches counts: two of ". , ! ? ; :" in a row (spaces between or
+# not) other than an ellipsis of exactly three dots, a space before one of them, a mark at the
+# line's start, a lower-case letter starting the line or a sentence (after ". ! ?" and spaces).
+_START, _OTHER, _SPACE, _DOT1, _DOT2, _END, _PAUSE, _SENT = range(8)  # WordState.shape
+_SPACE_C, _DOT_C, _END_C, _PAUSE_C, _LOWER_C, _OTHER_C = range(6)  # character classes
+_X = -1  # no move: a glitch
+_SHAPE_NEXT: tuple[tuple[int, ...], ...] = (
+    # space      .       ! ?     , ; :   a-z     other
+    (_START, _X, _X, _X, _X, _OTHER),           # _START: the line's start (spaces only so far)
+    (_SPACE, _DOT1, _END, _PAUSE, _OTHER, _OTHER),  # _OTHER: after a word, a slot, a quote...
+    (_SPACE, _X, _X, _X, _OTHER, _OTHER),       # _SPACE: spaces after a word, or after , ; :
+    (_SENT, _DOT2, _X, _X, _OTHER, _OTHER),     # _DOT1: "." after a word
+    (_X, _END, _X, _X, _X, _X),                 # _DOT2: "..": only a third dot (which ends like "!")
+    (_SENT, _X, _X, _X, _OTHER, _OTHER),        # _END: after "!", "?" or "..."
+    (_SPACE, _X, _X, _X, _OTHER, _OTHER),       # _PAUSE: after ",", ";" or ":"
+    (_SENT, _X, _X, _X, _X, _OTHER),            # _SENT: a sentence's start (". ! ?" and spaces)
+)
+TEXT_RULES = ("double_punct", "space_before_punct", "lowercase_start", "double_word")
+"""The glitch kinds of :func:`runtime.factory.text_metrics.glitches` that the masks make impossible
+(with a vocabulary, ``stutter`` is too: every word is the book's)."""
+
+
+def _char_class(c: str) -> int:
+    if c == " " or "\t" <= c <= "\r":
+        return _SPACE_C
+    if c == ".":
+        return _DOT_C
+    if c in "!?":
+        return _END_C
+    if c in ",;:":
+        return _PAUSE_C
+    return _LOWER_C if _is_letter(c) else _OTHER_C
+
+
+def _shape_read(shape: int, text: str) -> int:
+    """The shape after ``text`` (case kept; a slot as ``_SLOT_CHAR``), or -1 at a glitch."""
+    for c in text:
+        shape = _SHAPE_NEXT[shape][_char_class(c)]
+        if shape < 0:
+            return _X
+    return shape
+
+
+MID_LINE = WordState(shape=_OTHER)
+"""The state after a word mid-sentence, with no word to echo (for reading text from the middle of a line)."""
 
 
 _Group = tuple[int, int, np.ndarray]  # (hit tags, need tags, tokens)
@@ -239,15 +311,19 @@ class WordConstraint:
     bounded by the phrase automaton). Always blocked too: control tokens other than ``eos`` and
     slot tokens, and tokens holding ASCII control characters or braces.
 
-    The dead-end rule applies with a vocabulary only (see the module docstring).
+    The dead-end rule applies with a vocabulary only (see the module docstring). ``text_rules``
+    (default on): also block the punctuation, case and doubled-word glitches of
+    :data:`TEXT_RULES` (the state still tracks them when off, for a peer measured without them).
 
     Thread-safe. Masks and states never depend on the request; only :meth:`blocked`'s
     ``banned`` argument does.
     """
 
     def __init__(self, words: Iterable[str], tokenizer: Tokenizer, *, vocabulary: Iterable[str] | None = None,
-                 signatures: Mapping[str, Iterable[str]] | None = None, max_states: int = 4096) -> None:
+                 signatures: Mapping[str, Iterable[str]] | None = None, max_states: int = 4096,
+                 text_rules: bool = True) -> None:
         self.tokenizer = tokenizer
+        self.text_rules = text_rules
         self.vocab_size = tokenizer.vocab_size
         self.eos_id = tokenizer.eos_id
         self.vocabulary: frozenset[str] | None = None if vocabulary is None else frozenset(vocabulary)
@@ -269,11 +345,13 @@ class WordConstraint:
         self._build_phrases(phrases)
         self._build_ways()
         self._index_tokens()
+        self._index_text_rules()
         self._default = self._vocab_bit | self._tag_bit[_BANNED_TAG]
         self._all_signatures = sum(self._tag_bit[t] for t in self.tags[3:])
         self._parts = _Memo(2 * max_states)  # word parts (small), by trie node, mode and last
         self._plans = _Memo(2 * max_states)  # a state's request-independent mask, by state and last
         self._per_ban = _Memo(max_states)  # per request: its whole-read tokens (by template id), made on first use
+        self._rules = _Memo(2 * max_states)  # the text rules' tokens, by (node, mode, shape, echo, last)
         self._fixed: dict[Hashable, Any] = {}  # per mode: whole-token groups, exact tokens
 
     # ------------------------------------------------------------ building
@@ -499,6 +577,54 @@ class WordConstraint:
             for m in self._ends:
                 self._templates[4 * m + 2 * last + 1], self._templates[4 * m + 2 * last] = self._in_word[m, last][:2]
 
+    def _index_text_rules(self) -> None:
+        """The text rules' tables (see :data:`TEXT_RULES`): per shape, the shape every token
+        leaves (``_shape_next``; -1: it would write a glitch; ``eos`` keeps the shape where the
+        line may end there) and the tokens blocked, not last and last (``_shape_block``: the
+        glitches, and at the last token what leaves an unfinished ellipsis). For the doubled
+        words: how each token read whole moves ``WordState.echo`` (``_echo_kind``), the tokens
+        that start a word after spaces only, by the trie node they leave, whether on a pending
+        apostrophe and whether they start with a space (``_lands``; ``(node, pending, False)``:
+        all of them, as read at a boundary; ``True``: those that end a word being spelled first),
+        and where a word has no way on (``_leaf``: a repeat of it there is
+        a dead end)."""
+        tok, v = self.tokenizer, self.vocab_size
+        self._raw: list[str] = [
+            (_SLOT_CHAR if self._is_slot[i] else "") if i < tok.n_control else tok.token_bytes(i).decode("latin-1")
+            for i in range(v)]
+        table = np.full((len(_SHAPE_NEXT), v), _X, dtype=np.int64)
+        for shape in range(len(_SHAPE_NEXT)):
+            table[shape] = [_shape_read(shape, text) for text in self._raw]
+            table[shape, self.eos_id] = _X if shape == _DOT2 else shape
+        self._shape_next = table.tolist()
+        open_ = ~self._always
+        self._shape_block = [[np.flatnonzero(open_ & ((row < 0) | (last & (row == _DOT2)))) for row in table]
+                             for last in (False, True)]
+        kinds = [_ECHO_OTHER] * v
+        lands: dict[tuple[int, bool, bool], list[int]] = {}
+        for i, text in enumerate(self._texts):
+            whole = self._whole_state[i]
+            if self._is_slot[i]:
+                kinds[i] = _ECHO_SLOT
+            elif whole is None:
+                kinds[i] = _ECHO_EXACT if not self._always[i] and i != self.eos_id else _ECHO_OTHER
+            elif text.strip(" ") == "" and text:
+                kinds[i] = _ECHO_KEEP
+            elif whole[1] != _BOUNDARY and text.lstrip(" ") and _is_letter(text.lstrip(" ")[0]):
+                head = text.lstrip(" ")
+                if all(_is_letter(c) or c == "'" for c in head):
+                    kinds[i] = _ECHO_KEEP
+                    if whole[0] >= 0 and not self._always[i]:
+                        for spaced in (False, True) if head != text else (False,):
+                            lands.setdefault((whole[0], whole[1] == _APOSTROPHE, spaced), []).append(i)
+        self._echo_kind = kinds
+        self._lands = {n: np.asarray(t, dtype=np.int64) for n, t in lands.items()}
+        # a word that is the echo with no way on: a leaf; or, right after an apostrophe, no "'" below
+        self._leaf = ([not c for c in self._child], ["'" not in c for c in self._child])
+        self._slot_base = len(self._child)  # WordState.echo of a slot: this plus its token id
+        self._slot_ids = {name: i for i, name in tok._slot_of.items()}
+        self._exact_any = any(len(a) for a in self._exact.values())
+
     @staticmethod
     def _simple(text: str) -> bool:
         """Read from a word boundary, ``text`` ends no word inside itself, and is a slot token or
@@ -710,8 +836,10 @@ class WordConstraint:
     def _read(self, state: WordState, text: str, final: bool) -> tuple[WordState, bool, int]:
         """(state after ``text``, whether the vocabulary allows it, tag bits of the phrases it
         completes): the reference semantics. ``text`` is lower case, slots as ``_SLOT_CHAR``;
-        ``final``: the line ends after it. A word that leaves the vocabulary reads on as -1."""
-        node, mode, q = state
+        ``final``: the line ends after it. A word that leaves the vocabulary reads on as -1. The
+        text rules' part of the state is not read here (:meth:`_text_chars` reads it): the state
+        returned has the default one."""
+        node, mode, q = state[:3]
         ok, bits = True, 0
         vocab = self.vocabulary is not None
         child = self._child
@@ -745,7 +873,57 @@ class WordConstraint:
             node, mode = 0, _BOUNDARY
         return self._state(node, mode, q), ok, bits
 
-    def _state(self, node: int, mode: int, q: int) -> WordState:
+    def _landing(self, out: list[np.ndarray], word: int, last: bool, spaced: bool) -> None:
+        """Add to ``out`` the tokens that, after spaces only, start ``word`` again where it would
+        end as a repeat (the line's last token) or have no way on (:meth:`_text_chars`);
+        ``spaced``: only those that start with a space (read inside a word, which they end)."""
+        for pending in (False, True):
+            toks = self._lands.get((word, pending, spaced))
+            if toks is not None and (last or self._leaf[pending][word]):
+                out.append(toks)
+
+    def _text_read(self, state: WordState, token_id: int, final: bool) -> tuple[int, int] | None:
+        """:meth:`_text_chars` of one token (its text with case kept, a slot token whole)."""
+        return self._text_chars(state, [token_id] if self._is_slot[token_id] else self._raw[token_id], final)
+
+    def _text_chars(self, state: WordState, chars: Iterable[str | int], final: bool) -> tuple[int, int] | None:
+        """The text rules' reference reader: (shape, echo) after ``chars`` (characters, case
+        kept, and slot tokens by id), or None where they write a glitch (:data:`TEXT_RULES`):
+        the shape automaton finds no move (or the line ends in ".."), a word ends as the echo
+        (the last completed word, only spaces since), a slot follows itself, or, not at the end
+        of the line, the word being spelled is the echo with no way on in the trie (it can
+        neither end nor go on: a dead end)."""
+        shape, echo = state.shape, state.echo
+        ws = WordState(*state[:3])
+        for c in chars:
+            code = -1
+            if isinstance(c, int):
+                code, c = self._slot_base + c, _SLOT_CHAR
+            shape = _SHAPE_NEXT[shape][_char_class(c)]
+            if shape < 0:
+                return None
+            new = self._read(ws, c.lower(), False)[0]
+            if _is_letter(c.lower()) or (new.mode != _BOUNDARY and ws.mode != _BOUNDARY):
+                pass  # the word being spelled goes on (or begins)
+            else:
+                prev = echo
+                if ws.mode != _BOUNDARY:  # c ends the word being spelled
+                    ended = ws.node if ws.node > 0 else -1
+                    if ended >= 0 and ended == echo:
+                        return None
+                    prev = ended
+                if code >= 0 and code == prev:
+                    return None
+                echo = code if code >= 0 else prev if c == " " or "\t" <= c <= "\r" else -1
+            ws = new
+        if final:
+            if shape == _DOT2 or (ws.mode != _BOUNDARY and ws.node > 0 and ws.node == echo):
+                return None
+        elif ws.mode != _BOUNDARY and ws.node > 0 and ws.node == echo and self._leaf[ws.mode == _APOSTROPHE][echo]:
+            return None
+        return shape, echo
+
+    def _state(self, node: int, mode: int, q: int, shape: int = 0, echo: int = -1) -> WordState:
         """``WordState(node, mode, q)`` with the phrase state inside a word replaced by the first
         state of its failure chain (``q`` itself, else 0) that goes on with a word the word being
         spelled may become: the automaton moves from both alike on every such word, so the two
@@ -761,7 +939,7 @@ class WordConstraint:
                 if i < len(arr) and arr[i] < end:
                     break
                 q = fail[q]
-        return WordState(node, mode, q)
+        return WordState(node, mode, q, shape, echo)
 
     # ------------------------------------------------------------ requests
 
@@ -793,17 +971,36 @@ class WordConstraint:
                 banned: int | None = None) -> WordState | None:
         """The state after ``text`` is appended, or None if a token ending there would be blocked
         (a word leaves the vocabulary, a phrase of a ``banned`` tag completes, or the dead-end
-        rule; default ``banned``: the static banned words). ``final``: the text ends the line.
-        ``{slot}`` markers read as slots."""
+        rule; default ``banned``: the static banned words), or the text rules
+        (:data:`TEXT_RULES`: ``text`` would write a glitch, as :meth:`_text_chars` reads it).
+        ``final``: the text ends the line. ``{slot}`` markers read as slots. From
+        ``WordState()`` the text starts the line (it must start upper-case); from
+        :data:`MID_LINE` it goes on after a word."""
         new, ok, bits = self._read(state, _SLOT_MARKER.sub(_SLOT_CHAR, text).lower(), final)
         ban = self._bits_int(banned)
-        return new if ok and not bits & ban and not self._stuck(new, ban) else None
+        if not ok or bits & ban or self._stuck(new, ban):
+            return None
+        chars: list[str | int] = []
+        at = 0
+        for m in _SLOT_MARKER.finditer(text):
+            slot = self._slot_ids.get(m.group(1))
+            chars += [*text[at:m.start()], _SLOT_CHAR if slot is None else slot]
+            at = m.end()
+        chars += text[at:]
+        moved = self._text_chars(state, chars, final)
+        if moved is None:
+            return None if self.text_rules else new
+        return new._replace(shape=moved[0], echo=moved[1])
 
     def step(self, state: WordState, token_id: int) -> WordState:
         """The state after ``token_id`` was emitted (request-independent): :meth:`_read`, with
         shortcuts for a token read whole from a boundary (at one, or ending the word spelled)
-        and for one that only adds letters to the word (its lead walks the trie)."""
-        node, mode, q = state
+        and for one that only adds letters to the word (its lead walks the trie); then the text
+        rules' part (the shape from its table, the echo as :meth:`_text_read` moves it)."""
+        node, mode, q, shape, echo = state
+        shape = self._shape_next[shape][token_id]
+        if shape < 0:  # (a token the masks block: read on from mid-line)
+            shape = _OTHER
         if mode != _BOUNDARY:
             lead_step = self._lead_step[mode][token_id]
             if lead_step is not None:
@@ -813,13 +1010,21 @@ class WordConstraint:
                     if node < 0:
                         break
                     node = child[node].get(c, _DEAD)
-                return self._state(node, mode, q) if q else WordState(node, mode, 0)
+                if q:
+                    return self._state(node, mode, q, shape, echo)
+                return WordState(node, mode, 0, shape, echo)
         whole = self._whole_state[token_id]
         if whole is not None and (mode == _BOUNDARY or self._ends_list[mode][token_id]):
             if mode != _BOUNDARY:
                 q = self._next_phrase(q, self._wid[node] if node >= 0 else 0)
-            return self._state(whole[0], whole[1], 0 if self._is_slot[token_id] else q)
-        return self._read(state, self._texts[token_id], False)[0]
+                echo = node if node > 0 else -1
+            kind = self._echo_kind[token_id]
+            if kind != _ECHO_KEEP:
+                echo = self._slot_base + token_id if kind == _ECHO_SLOT else -1
+            return self._state(whole[0], whole[1], 0 if self._is_slot[token_id] else q, shape, echo)
+        new = self._read(state, self._texts[token_id], False)[0]
+        moved = self._text_read(state, token_id, False)
+        return new._replace(shape=shape, echo=-1 if moved is None else moved[1])
 
     def blocked(self, state: WordState, *, last: bool = False, banned: int | None = None) -> np.ndarray:
         """Bool mask [vocab]: True where the token must not be sampled in ``state``.
@@ -852,7 +1057,7 @@ class WordConstraint:
     def _pieces(self, state: WordState, last: bool, ban: int) -> tuple[np.ndarray, list[np.ndarray]]:
         """A state's mask for a request as (the mask its plan keeps for every request, the token
         arrays the request blocks besides); see :meth:`blocked`."""
-        key = (state, last)
+        key = (state[0], state[1], state[2], last)
         plan: _Plan | None = self._plans.peek(key)
         if plan is None:
             plan = self._plans.get(key, lambda: self._plan(state, last))
@@ -866,13 +1071,63 @@ class WordConstraint:
         out = [toks for hit, need, toks in plan.groups if hit & ban and not need & free]
         if whole:
             out += whole
+        key = (state[0], state[1], state[3], state[4], last)
+        rule = self._rules.peek(key)
+        if rule is None:
+            rule = self._rules.get(key, lambda: self._rule_part(state, last))
+        if len(rule):
+            out.append(rule)
         return plan.mask, out
+
+    def _rule_part(self, state: WordState, last: bool) -> np.ndarray:
+        """The tokens the text rules block in ``state`` (:data:`TEXT_RULES`; the phrase state
+        plays no part): its shape's, and the doubled words' (:meth:`_echo_block`)."""
+        parts = [self._shape_block[last][state.shape]]
+        if not self.text_rules:
+            return parts[0][:0]
+        if state.echo >= 0 or state.mode != _BOUNDARY or self._exact_any:
+            parts += self._echo_block(state, last)
+        out = np.unique(np.concatenate(parts)) if len(parts) > 1 else parts[0]
+        out.flags.writeable = False
+        return out
+
+    def _echo_block(self, state: WordState, last: bool) -> list[np.ndarray]:
+        """The tokens that would write a doubled word or slot (:meth:`_text_chars`' rules): in a
+        word that is the echo, every token ending it; a word or slot right after itself at the
+        end of the line, or where the repeated word is a trie leaf (a dead end)."""
+        node, mode, _q, _shape, echo = state
+        out: list[np.ndarray] = []
+        if mode == _BOUNDARY:
+            if echo >= self._slot_base:
+                out.append(np.asarray([echo - self._slot_base], dtype=np.int64))
+            elif echo > 0:
+                self._landing(out, echo, last, False)
+        else:
+            if node > 0 and node == echo:
+                out.append(self._ends[mode])
+            elif node > 0:
+                self._landing(out, node, last, True)
+            if 0 < echo < self._slot_base and node >= 0:
+                toks, reached, apos = self._lead_arrays(node, mode)
+                at = reached == echo
+                if not last:
+                    leaf_l, leaf_a = self._leaf[0][echo], self._leaf[1][echo]
+                    at &= (apos & leaf_a) | (~apos & leaf_l) if leaf_l != leaf_a else leaf_l
+                hit = toks[at]
+                if len(hit):
+                    out.append(hit)
+        exact = self._exact[mode]
+        if len(exact):
+            hit = np.asarray([i for i in exact.tolist() if self._text_read(state, i, last) is None], dtype=np.int64)
+            if len(hit):
+                out.append(hit)
+        return out
 
     def _plan(self, state: WordState, last: bool) -> _Plan:
         """The request-independent part of a state's mask: its word part, and the groups that
         the phrase state under way adds (the word being spelled completing phrases, the words
         that state sends elsewhere than the automaton's root does, the dead ends it decides)."""
-        node, mode, q = state
+        node, mode, q = state[:3]
         key = (node, mode, last)
         wp: _WordPart = self._parts.get(key, lambda: self._word_part(node, mode, last))
         groups = list(wp.leads.groups)
@@ -976,7 +1231,8 @@ class WordConstraint:
             if not mask[i]:
                 end = last or i == self.eos_id
                 new, ok, bits = self._read(state, text, end)
-                mask[i] = not ok or bool(bits & ban) or (not end and self._stuck(new, ban))
+                mask[i] = (not ok or bool(bits & ban) or (not end and self._stuck(new, ban))
+                           or (self.text_rules and self._text_read(state, i, end) is None))
         return mask
 
     # ------------------------------------------------------------ fast masks
@@ -1138,7 +1394,7 @@ class WordConstraint:
         for node, mode in seen:  # (a line's last token rarely starts a word: boundary only)
             for last in (False, True) if mode == _BOUNDARY else (False,):
                 state = WordState(node, mode, 0)
-                self._plans.get((state, last), lambda s=state, x=last: self._plan(s, x))
+                self._plans.get((node, mode, 0, last), lambda s=state, x=last: self._plan(s, x))
         return len(seen)
 
 
@@ -1379,13 +1635,15 @@ def usable(text: str) -> str | None:
 
 
 _TRAILING_WORD = re.compile(r"[A-Za-z']+$")
+_OPEN_ELLIPSIS = re.compile(r"(?<!\.)\.\.$")
 
 
 def settled_text(raw: str) -> str:
     """The part of a line still being decoded that may be shown: ``raw`` without its trailing
     run of letters and apostrophes, a word that the next token may still extend or, at a dead
-    end (:meth:`WordConstraint.blocked` blocking every token), leave unfinished."""
-    return _TRAILING_WORD.sub("", raw)
+    end (:meth:`WordConstraint.blocked` blocking every token), leave unfinished; and of an
+    ellipsis under way (``".."``, which only a third dot may follow), its first dot only."""
+    return _OPEN_ELLIPSIS.sub(".", _TRAILING_WORD.sub("", raw))
 
 
 def check_sampling(temperature: float, top_k: int, top_p: float, max_tokens: int,
@@ -1409,6 +1667,7 @@ def stop_index(text: str, stops: Sequence[str]) -> int:
     return min(hits) if hits else -1
 
 
-__all__ = ["BannedWordMask", "Constraints", "RepeatMemory", "SlotRules", "WordConstraint", "WordState",
+__all__ = ["MID_LINE", "TEXT_RULES", "BannedWordMask", "Constraints", "RepeatMemory", "SlotRules", "WordConstraint",
+           "WordState",
            "check_sampling", "constraints_file", "fill_slots", "normalise_line", "read_constraints", "settled_text", "stop_index",
            "unfilled_slots", "usable"]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from runtime.client.constraints import (
+    MID_LINE,
     BannedWordMask,
     RepeatMemory,
     WordState,
@@ -38,27 +39,27 @@ def mask(tok):
 
 
 def test_completing_a_banned_word_at_a_boundary_is_blocked(mask):
-    assert mask.advance(WordState(), "the car ") is None
-    assert mask.advance(WordState(), "the CAR,") is None
-    assert mask.advance(WordState(), "my car2") is None
-    assert mask.advance(WordState(), "a car", final=True) is None
+    assert mask.advance(MID_LINE, "the car ") is None
+    assert mask.advance(MID_LINE, "the CAR,") is None
+    assert mask.advance(MID_LINE, "my car2") is None
+    assert mask.advance(MID_LINE, "a car", final=True) is None
 
 
 def test_words_that_merely_start_like_a_banned_word_pass(mask):
     for text in ("the cart ", "careful ", "a gunner ", "cargo, ", "car's ", "oka ", "scar "):
-        assert mask.advance(WordState(), text) is not None, text
-    assert mask.advance(WordState(), "the car") is not None  # may still become "cart"
+        assert mask.advance(MID_LINE, text) is not None, text
+    assert mask.advance(MID_LINE, "the car") is not None  # may still become "cart"
 
 
 def test_banned_phrases_are_blocked_across_punctuation_but_not_split_by_words(mask):
-    assert mask.advance(WordState(), "the train station.") is None
-    assert mask.advance(WordState(), "the train, station!") is None
-    assert mask.advance(WordState(), "the train by the station.") is not None
-    assert mask.advance(WordState(), "a station, the train.") is not None
+    assert mask.advance(MID_LINE, "the train station.") is None
+    assert mask.advance(MID_LINE, "the train, station!") is None
+    assert mask.advance(MID_LINE, "the train by the station.") is not None
+    assert mask.advance(MID_LINE, "a station, the train.") is not None
 
 
 def test_after_a_pending_banned_word_only_letters_may_follow(mask, tok):
-    state = mask.advance(WordState(), " car")
+    state = mask.advance(MID_LINE, " car")
     blocked = mask.blocked(state)
     assert blocked[tok.eos_id]
     t_id = tok.encode("t")
@@ -68,13 +69,13 @@ def test_after_a_pending_banned_word_only_letters_may_follow(mask, tok):
 
 
 def test_control_tokens_are_blocked_but_eos_and_slots_are_not(mask, tok):
-    blocked = mask.blocked(WordState())
+    blocked = mask.blocked(MID_LINE)
     assert blocked[tok.bos_id] and blocked[tok.line_id] and blocked[tok.id_of("<arch:guard>")]
     assert not blocked[tok.eos_id] and not blocked[tok.id_of("<slot:player>")]
 
 
 def test_tokens_with_ascii_control_characters_are_blocked(mask, tok):
-    blocked = mask.blocked(WordState())
+    blocked = mask.blocked(MID_LINE)
     assert blocked[tok.byte_offset + ord("\n")] and blocked[tok.byte_offset + 0x07]
     assert not blocked[tok.byte_offset + ord("a")]
 
@@ -168,7 +169,7 @@ def test_the_fast_mask_equals_the_token_by_token_reference(mask, tok):
     texts = ["", "the c", "the ca", "the car", "a gun", "the gu", "o", "ok", "the train", "the train, sta",
              "xyz", "the car'", "a trains", "the train by"]
     for text in texts:
-        state = mask.advance(WordState(), text)
+        state = mask.advance(MID_LINE, text)
         assert state is not None, text
         for last in (False, True):
             fast, ref = mask.blocked(state, last=last), mask.blocked_exact(state, last=last)

@@ -214,7 +214,10 @@ def test_stream_pieces_concatenate_to_the_generated_text(tiny_model_dir):
         stream = a.generate_stream("thief", "idle", **kw)
         pieces = list(stream)
         line = b.generate("thief", "idle", **kw)
-        assert "".join(pieces) == line.text == stream.line.text
+        assert "".join(pieces) == stream.line.text
+        # (a stream keeps a first sample the constraints stop after text was shown, cut there;
+        # generate draws again)
+        assert stream.line.text == line.text or (line.attempts > 1 and stream.line.finish_reason == "blocked")
         if not line.fallback:
             assert len(pieces) > 1
 
