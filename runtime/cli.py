@@ -46,7 +46,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runtime.console import Progress, print_json
+from runtime.console import Progress, print_json, ticking
 
 if TYPE_CHECKING:  # torch is an extra: `flashnpc` must start without it
     from runtime.factory.model import FlashConfig
@@ -288,9 +288,10 @@ def _blind(args: argparse.Namespace) -> int:
     cfg = EvalConfig(seed=args.seed)
     sampler = Sampler(FlashOnnx.load(args.model, file="model.int4.onnx"), cfg, book)
     try:
-        key = write_blind(args.out, book=book, sampler=sampler, model_lines=args.model_lines,
-                          book_lines=args.book_lines, seed=args.seed,
-                          model_name=str(args.model) if args.model else "shipped default")
+        with ticking("eval blind: sampling", enabled=not args.no_progress):
+            key = write_blind(args.out, book=book, sampler=sampler, model_lines=args.model_lines,
+                              book_lines=args.book_lines, seed=args.seed,
+                              model_name=str(args.model) if args.model else "shipped default")
     except ValueError as exc:
         print(f"flashnpc eval blind: {exc}", file=sys.stderr)
         return 2

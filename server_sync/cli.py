@@ -364,7 +364,9 @@ class _LoadBar:
     def __enter__(self) -> _LoadBar:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if exc_type is None and self.bar.total is not None:
+            self.bar.set(self.bar.total)  # the run is over, however the last second was reported
         self.bar.close()
 
 

@@ -1,6 +1,6 @@
 """The minimal onnxruntime decoder for an exported Flash model (what eval and the engine build on).
 
-A model directory (``flashnpc export`` output; default: the shipped ``runtime/assets/flash/``)
+A model directory (``flashnpc export onnx`` output; default: the shipped ``runtime/assets/flash/``)
 holds ``model.int4.onnx`` (shipped), ``model.onnx`` (fp32 reference), ``tokenizer.json``,
 ``config.json`` and ``catalog.json``. The graph interface is documented in
 :mod:`runtime.factory.export`; :meth:`FlashOnnx.step` is one call of it.
@@ -116,7 +116,7 @@ class FlashOnnx:
         (what :meth:`load` does once it has chosen the file and options)."""
         for name in (file, "config.json", "tokenizer.json"):
             if not (root / name).is_file():
-                raise FileNotFoundError(f"{root / name}: missing (export a model with `flashnpc export`)")
+                raise FileNotFoundError(f"{root / name}: missing (export a model with `flashnpc export onnx`)")
         from runtime.tokenizer import Tokenizer
 
         config = json.loads((root / "config.json").read_text())
