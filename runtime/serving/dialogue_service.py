@@ -687,9 +687,15 @@ class DialogueService:
     def _finish_line(self, p: _Pending, raw: str, tokens: tuple[int, ...], finish: str, res: GenResult | None,
                      attempts: int) -> None:
         self.memory.remember(p.session.npc_id, raw)
+        text = fill_slots(raw, p.slot_values)
+        if p.on_piece is not None and p.shown and len(text) > len(p.shown) and text.startswith(p.shown):
+            # the stream shows settled text only: a line that ends (by length) inside its last
+            # word sends that word now, so the pieces always add up to the line
+            piece, p.shown = text[len(p.shown):], text
+            p.on_piece(piece)
         latency = (time.perf_counter() - p.t0) * 1e3
         ttft = None if res is None or res.ttft_s is None else (res.token_times[0] - p.t0) * 1e3
-        line = DialogueLine(p.session.session_id, fill_slots(raw, p.slot_values), False, None, tokens, latency,
+        line = DialogueLine(p.session.session_id, text, False, None, tokens, latency,
                             ttft, finish, p.seed, attempts, 0 if res is None else res.cached_tokens,
                             None if res is None else res.router_confidence)
         self.breaker.record(True, latency)
