@@ -240,7 +240,7 @@ def _convert(model: Path, work: Path, stage: Path, target: str, version: str) ->
     (:mod:`mobile_export.convert_worker`); returns the operator list."""
     out = work / "ort"
     out.mkdir(parents=True)
-    result = run_worker("mobile_export.convert_worker", [str(model), str(out), TARGETS[target]],
+    result = run_worker("mobile_export.convert_worker", [str(model.resolve()), str(out.resolve()), TARGETS[target]],
                         version=version, timeout_s=WORKER_TIMEOUT_S, what=f"converting {model} to ORT format")
     if "error" in result:
         raise BundleExportError(f"{model}: onnxruntime {result.get('onnxruntime', version)} could not "
@@ -265,7 +265,7 @@ def _convert(model: Path, work: Path, stage: Path, target: str, version: str) ->
 def _replay(stage: Path, version: str) -> None:
     """The staged bundle's reference lines, regenerated under onnxruntime ``version`` in a
     fresh process, must match token for token."""
-    result = run_worker("mobile_export.verify_worker", [str(stage), str(stage / "reference.json")],
+    result = run_worker("mobile_export.verify_worker", [str(stage.resolve()), str((stage / "reference.json").resolve())],
                         version=version, timeout_s=WORKER_TIMEOUT_S,
                         what=f"replaying the reference lines under onnxruntime {version}")
     if result.get("error") or result.get("mismatches"):

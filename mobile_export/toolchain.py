@@ -117,7 +117,8 @@ def worker_env(version: str | None) -> dict[str, str]:
 
 def run_worker(module: str, args: Sequence[str], *, version: str | None, timeout_s: float,
                what: str) -> dict[str, Any]:
-    """Run ``python -m module args`` under onnxruntime ``version`` and return the JSON object
+    """Run ``python -m module args`` under onnxruntime ``version`` (in the repository's root, so
+    path arguments must be absolute) and return the JSON object
     its last line of output holds. A worker that times out, crashes or prints no JSON raises
     :class:`ToolchainError` naming ``what`` it was doing."""
     env = worker_env(version)

@@ -118,7 +118,8 @@ def _run_worker(path: str | Path, ref_path: Path, source: str, timeout_s: float,
                 report: VerifyReport, version: str | None) -> Check:
     name = "generation" if version is None else f"generation under onnxruntime {version}"
     try:
-        result = run_worker("mobile_export.verify_worker", [str(path), str(ref_path)], version=version,
+        result = run_worker("mobile_export.verify_worker", [str(Path(path).resolve()), str(ref_path.resolve())],
+                            version=version,
                             timeout_s=timeout_s, what="the verifying process")
     except ToolchainError as exc:
         return Check(name, False, str(exc))

@@ -84,3 +84,11 @@ def test_export_mobile_and_bundle_verify_take_an_onnxruntime_version(model_dir, 
     assert [w["onnxruntime"] for w in report["workers"]] == [installed_version(), DEFAULT_ONNXRUNTIME]
     assert main(["bundle", "verify", str(out), "--onnxruntime", "nightly"]) == 2
     assert "give a release number" in capsys.readouterr().err
+
+
+def test_export_and_verify_take_paths_relative_to_the_callers_directory(model_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["export", "mobile", "--model", str(model_dir), "--out", "build/bundle", "--zip"]) == 0
+    assert (tmp_path / "build" / "bundle.zip").is_file()
+    capsys.readouterr()
+    assert main(["bundle", "verify", "build/bundle.zip", "--onnxruntime", DEFAULT_ONNXRUNTIME]) == 0
