@@ -4,6 +4,7 @@
 
     FLASHNPC_SECRET=... flashnpc serve --world examples/village --db world.sqlite
     FLASHNPC_SECRET=... flashnpc serve --issue-token alice     # print a token and exit
+    flashnpc serve --print-schemas                              # the protocols' JSON Schemas
 
 ``--world`` is ``examples/village`` (the default: plugin's example village, served with
 ``plugin.World``, trees only) or ``sim:NPCS[:CHANGES_PER_S[:SIZE]]``, the seeded load-test
@@ -42,8 +43,8 @@ from typing import Any
 
 from .transport import aio
 
-__all__ = ["EXPECTED_ERRORS", "add_loadtest_arguments", "add_serve_arguments", "build_world", "run_loadtest",
-           "run_serve"]
+__all__ = ["EXPECTED_ERRORS", "add_loadtest_arguments", "add_serve_arguments", "build_world",
+           "print_schemas", "run_loadtest", "run_serve"]
 
 # errors the `flashnpc` dispatcher reports as one line (module:class, resolved once loaded)
 EXPECTED_ERRORS = ("runtime.client.errors:ModelLoadError",)
@@ -79,8 +80,24 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loop", choices=aio.LOOPS, default="auto",
                         help="event loop: uvloop where installed (auto), or force one")
     parser.add_argument("--issue-token", metavar="PLAYER", default=None,
-                        help="print a token for PLAYER (signed with $FLASHNPC_SECRET) and exit")
+                        help="print a token (an HS256 JWT signed with $FLASHNPC_SECRET) for "
+                             "PLAYER and exit")
     parser.add_argument("--ttl", type=float, default=3600.0, help="token lifetime (seconds)")
+    parser.add_argument("--audience", default="flashnpc",
+                        help="the 'aud' claim tokens must carry (default flashnpc)")
+    parser.add_argument("--public-key", metavar="PEM_FILE", default=None,
+                        help="also accept tokens signed by this RSA (RS256), EC P-256 (ES256) or "
+                             "Ed25519 (EdDSA) public key")
+    parser.add_argument("--max-speed", type=float, default=50.0,
+                        help="fastest a player may move, units/s (server authority)")
+    parser.add_argument("--move-burst", type=float, default=2.0,
+                        help="seconds of movement a player may bank (default 2)")
+    parser.add_argument("--talk-range", type=float, default=None,
+                        help="farthest NPC a player may talk to (default: --radius)")
+    parser.add_argument("--bounds", default=None, metavar="X0,Y0,X1,Y1",
+                        help="world bounds for players (default: the NPCs' box grown by --radius)")
+    parser.add_argument("--print-schemas", action="store_true",
+                        help="print the JSON Schemas of both protocols' messages and exit")
     parser.add_argument("--ready-file", default=None,
                         help="write 'PORT HTTP_PORT' here once listening (for scripts; with "
                              "--dialogue followed by 'DIALOGUE_PORT DIALOGUE_HTTP_PORT')")
@@ -121,19 +138,48 @@ def build_world(spec: str | None, *, npcs: int = 10, seed: int = 0) -> Any:
     return village_world(spec, npcs, seed=seed)
 
 
+def print_schemas(write: Any = print) -> None:
+    """``flashnpc serve --print-schemas``: every protocol's JSON Schemas as one JSON object
+    (``{"sync_client": ..., "sync_server": ..., "dialogue_client": ..., ...}``)."""
+    from .schemas import all_schemas
+
+    write(json.dumps(all_schemas(), indent=2, ensure_ascii=False))
+
+
+def _bounds(spec: str | None) -> tuple[float, float, float, float] | None:
+    if spec is None:
+        return None
+    try:
+        x0, y0, x1, y1 = (float(v) for v in spec.split(","))
+    except ValueError:
+        raise ValueError(f"--bounds {spec}: expected X0,Y0,X1,Y1") from None
+    return (x0, y0, x1, y1)
+
+
+def _token_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The gate's token settings from ``--audience`` / ``--public-key``."""
+    key = None
+    if args.public_key:
+        with open(args.public_key, encoding="utf-8") as f:
+            key = f.read()
+    return {"audience": args.audience, "public_key": key}
+
+
 async def _serve(args: argparse.Namespace, secret: bytes) -> None:
     from .sync.persistence import Store
     from .sync.server import ServerConfig, SyncServer
 
     world = build_world(args.world, npcs=args.npcs, seed=args.seed)
-    store = Store(args.db) if args.db else None
     config = ServerConfig(
         secret=secret, host=args.host, port=args.port,
         http_port=None if args.http_port < 0 else args.http_port, tick_hz=args.tick_hz,
         radius=args.radius, ring_size=args.ring, grace_s=args.grace, max_frame=args.max_frame,
         rate_per_s=args.rate, rate_burst=2 * args.rate, max_outbound_bytes=args.max_outbound,
         snapshot_every_s=args.snapshot_every,
-        admin_token=os.environ.get(ADMIN_TOKEN_ENV) or None)
+        admin_token=os.environ.get(ADMIN_TOKEN_ENV) or None, max_speed=args.max_speed,
+        move_burst_s=args.move_burst, talk_range=args.talk_range, bounds=_bounds(args.bounds),
+        **_token_settings(args))
+    store = Store(args.db) if args.db else None
     server = SyncServer(world, config, store)
     dialogue = _dialogue_server(args, secret) if args.dialogue else None
     await server.start()
@@ -178,19 +224,22 @@ def _dialogue_server(args: argparse.Namespace, secret: bytes) -> Any:
         secret=secret, host=args.host, port=args.dialogue_port,
         http_port=None if args.dialogue_http_port < 0 else args.dialogue_http_port,
         max_frame=args.max_frame, rate_per_s=args.rate, rate_burst=2 * args.rate,
-        max_outbound_bytes=args.max_outbound))
+        max_outbound_bytes=args.max_outbound, **_token_settings(args)))
 
 
 def run_serve(args: argparse.Namespace) -> int:
     from .transport.auth import issue_token, secret_from_env
 
+    if args.print_schemas:
+        print_schemas()
+        return 0
     try:
         secret = secret_from_env()
     except ValueError as exc:
         print(f"flashnpc serve: error: {exc}", file=sys.stderr)
         return 2
     if args.issue_token:
-        print(issue_token(secret, args.issue_token, ttl_s=args.ttl))
+        print(issue_token(secret, args.issue_token, ttl_s=args.ttl, audience=args.audience))
         return 0
     logging.basicConfig(level=logging.WARNING)
     try:

@@ -212,6 +212,7 @@ class Client:
             self._on_ack(msg["cseq"])
         elif t == "refused":
             self.refused[msg["rule"]] += 1
+            self._unacked.pop(msg["cseq"], None)  # processed: its ack follows
             if "pos" in msg:
                 self._server_moved(msg["pos"])
             if self.on_refused is not None:

@@ -208,6 +208,7 @@ class SyncCore:
         assert self.store is not None
         self.unavailable = str(err)
         self.outages_total += 1
+        self._last_probe = self.now
         log.error("journal unavailable, refusing clients until a snapshot can be written: %s",
                   err)
         self.sessions.clear()

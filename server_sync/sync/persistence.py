@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterable
@@ -33,8 +34,9 @@ __all__ = ["PLAYER_KEY", "POS_KEY", "IntentRecord", "Recovery", "Store", "StoreE
 _FAILURES = (sqlite3.Error, ValueError, TypeError, OverflowError)
 
 
-class StoreError(Exception):
-    """The world database cannot be opened, read or written; the message names the cause."""
+class StoreError(OSError):
+    """The world database cannot be opened, read or written; the message names the cause
+    (an OSError: like a file that cannot be opened, it is the storage's fault)."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS snapshots (id INTEGER PRIMARY KEY, created REAL NOT NULL,
@@ -84,7 +86,8 @@ class Store:
             self.db.execute(f"PRAGMA synchronous={synchronous}")
             self.db.executescript(_SCHEMA)
         except _FAILURES as exc:
-            raise StoreError(f"cannot open the world database {self.path}: {exc}") from None
+            hint = "" if _writable(self.path) else " (read-only: the server journals into it)"
+            raise StoreError(f"cannot open the world database {self.path}: {exc}{hint}") from None
 
     def _scalar(self, sql: str, args: tuple[Any, ...] = ()) -> Any:
         row = self.db.execute(sql, args).fetchone()
@@ -100,8 +103,8 @@ class Store:
     def _rollback(self) -> None:
         """Roll back the open transaction, if SQLite has not already (it does on a full
         disk): a failed ROLLBACK must not hide the error that caused it."""
-        if self.db.in_transaction:
-            with contextlib.suppress(sqlite3.Error):
+        with contextlib.suppress(sqlite3.Error):  # also: a closed connection
+            if self.db.in_transaction:
                 self.db.execute("ROLLBACK")
 
     def commit_tick(self, intents: Iterable[IntentRecord],
@@ -171,3 +174,8 @@ class Store:
 
 
 _dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
+
+def _writable(path: Path) -> bool:
+    """Whether the database file (or, before it exists, its directory) can be written."""
+    return os.access(path if path.exists() else path.parent, os.W_OK)

@@ -23,6 +23,7 @@ import heapq
 import math
 import os
 import re
+import secrets
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -57,13 +58,14 @@ def secret_from_env(environ: dict[str, str] | None = None) -> bytes:
 def issue_token(secret: bytes, player_id: str, *, ttl_s: float = 3600.0,
                 now: float | None = None, audience: str = DEFAULT_AUDIENCE,
                 not_before: float | None = None) -> str:
-    """An HS256 JWT for ``player_id`` expiring ``ttl_s`` seconds from ``now`` (default: now)."""
+    """An HS256 JWT for ``player_id`` expiring ``ttl_s`` seconds from ``now`` (default: now),
+    with a random ``jti`` so that two tokens are never the same text (revocation)."""
     _check_secret(secret)
     if not isinstance(player_id, str) or not 0 < len(player_id) <= MAX_ID_LEN:
         raise ValueError(f"player_id must be a string of 1..{MAX_ID_LEN} characters")
     t = time.time() if now is None else now
     claims: dict[str, Any] = {"sub": player_id, "aud": audience, "iat": int(t),
-                              "exp": int(t + ttl_s)}
+                              "exp": int(t + ttl_s), "jti": secrets.token_hex(8)}
     if not_before is not None:
         claims["nbf"] = int(not_before)
     return jwt.encode(claims, secret, algorithm="HS256")

@@ -22,8 +22,9 @@ Server::
     ...                        # handler.on_open / on_message / on_close(conn)
     await server.close()
 
-Rules both ends share: messages are delivered only while the connection is OPEN (nothing
-after a close has started); fragmented messages are reassembled; ``max_size`` bounds an
+Rules both ends share: messages are delivered in order up to the peer's close frame (those
+that arrived in the same read as it included), and nothing once this end started closing
+(or websockets failed the connection); fragmented messages are reassembled; ``max_size`` bounds an
 inbound message (websockets closes with 1009 past it); :meth:`WsConnection.close` starts
 the closing handshake and aborts the transport if the peer has not finished it within
 ``close_timeout_s``.
@@ -70,6 +71,7 @@ class WsConnection(asyncio.Protocol):
         self._fragments: list[bytes] = []
         self._fragment_text = False
         self._close_timer: asyncio.TimerHandle | None = None
+        self._closing = False  # this end started the closing handshake
 
     # ---- asyncio.Protocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -80,17 +82,20 @@ class WsConnection(asyncio.Protocol):
         events = self.protocol.events_received()
         self._write()
         for event in events:
-            if isinstance(event, Frame):
-                try:
-                    message = self._assemble(event)
-                except UnicodeDecodeError as exc:
-                    if self.protocol.state is State.OPEN:
-                        self.on_invalid_text(f"invalid UTF-8 in a text frame at byte {exc.start}")
-                    return
-                if message is not None and self.protocol.state is State.OPEN:
-                    self.on_message(message)
-            else:
+            if not isinstance(event, Frame):
                 self.on_handshake(event)
+                continue
+            if event.opcode is Opcode.CLOSE:
+                return  # the peer's close: it sent nothing after it
+            if self._closing or self.protocol.state not in (State.OPEN, State.CLOSING):
+                return  # this end is closing: nothing more is handled
+            try:
+                message = self._assemble(event)
+            except UnicodeDecodeError as exc:
+                self.on_invalid_text(f"invalid UTF-8 in a text frame at byte {exc.start}")
+                return
+            if message is not None:
+                self.on_message(message)
 
     def eof_received(self) -> None:
         self.protocol.receive_eof()
@@ -165,6 +170,7 @@ class WsConnection(asyncio.Protocol):
         ``reason`` is cut to 123 bytes of UTF-8 on a character boundary (a close frame's
         payload is at most 125 bytes)."""
         if self.protocol.state is State.OPEN:
+            self._closing = True
             self.protocol.send_close(code, clip_utf8(reason, MAX_CLOSE_REASON_BYTES))
             self._write()
 

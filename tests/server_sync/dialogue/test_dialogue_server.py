@@ -293,3 +293,56 @@ async def test_a_client_that_does_not_read_is_dropped_as_slow_not_buffered_forev
                                  "state": "dancing"})
             await until(lambda: not srv.conns, 20, what="slow client dropped")
         assert srv.errors["slow_consumer"] == 1
+
+
+async def test_a_rid_beyond_2_53_is_a_clear_bad_message_and_a_close(server):
+    for rid in ("1000000000000000000000000000000", "9007199254740992"):
+        peer = await hello(server.port)
+        await peer.ws.send('{"t":"close_session","rid":' + rid + ',"session":"s"}')
+        err = await peer.recv()
+        assert err["code"] == "bad_message" and "'rid' must be <= 9007199254740991" in err["reason"]
+        with pytest.raises(ConnectionClosed) as closed:
+            await peer.recv()
+        assert closed.value.rcvd.code == 1008
+
+
+async def test_cancel_answers_the_request_once_with_cancelled_and_nothing_after(server, loaded):
+    peer = await hello(server.port)
+    sid = await open_session(peer, loaded, 1)
+    await peer.send({"t": "cancel", "rid": 99})  # nothing in flight: ignored, no answer
+    await peer.send({"t": "request_line", "rid": 7, "session": sid, "stream": True,
+                     "intent": cat(loaded, "intents"), "max_tokens": 256, "deadline_ms": 30_000})
+    await peer.send({"t": "cancel", "rid": 7})
+    err, before = await peer.until("error", 7)
+    assert err["code"] == "cancelled" and all(m["t"] == "piece" for m in before)
+    await peer.send({"t": "request_line", "rid": 7, "session": sid,  # the rid is free again
+                     "intent": cat(loaded, "intents"), "max_tokens": 4})
+    line, between = await peer.until("line", 7)
+    assert line["session"] == sid and between == []  # nothing more of the cancelled one
+    await peer.send({"t": "close_session", "rid": 8, "session": sid})
+    assert await peer.recv() == {"t": "ok", "rid": 8}
+    await peer.ws.close()
+
+
+async def test_every_dialogue_server_message_type_is_checked_against_its_schema(
+        loaded, outbound_schema_check):
+    cfg = DialogueConfig(secret=SECRET, port=0, http_port=None, max_inflight_per_conn=1)
+    async with DialogueServer(make_service(loaded), cfg) as srv:
+        peer = await hello(srv.port)
+        sid = await open_session(peer, loaded, 1)
+        for rid in (2, 3):
+            await peer.send({"t": "request_line", "rid": rid, "session": sid, "stream": True,
+                             "intent": cat(loaded, "intents"), "max_tokens": 8})
+        await peer.until("line", 2)
+        await peer.send({"t": "update_state", "rid": 4, "session": sid, "state": "dancing"})
+        await peer.until("error", 4)
+        await peer.send({"t": "close_session", "rid": 5, "session": sid})
+        await peer.until("ok", 5)
+        other = await hello(srv.port, "bob")
+    got = {k.split(".")[1] for k in outbound_schema_check.checked if k.startswith("dialogue.")}
+    assert {"welcome", "session", "line", "busy", "error", "ok", "bye"} <= got, got
+    assert outbound_schema_check.violations == []
+    for p in (peer, other):
+        with pytest.raises(ConnectionClosed):
+            while True:
+                await p.recv()

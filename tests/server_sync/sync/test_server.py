@@ -14,7 +14,7 @@ from server_sync.sync.protocol import decode_server
 from server_sync.sync.world import sim_world
 from server_sync.transport.wire import encode
 
-from ..conftest import SECRET, token, until
+from ..conftest import SECRET, raw, token, until
 
 
 async def test_300_clients_hold_exact_replicas_through_moves_drops_and_resumes(server):
@@ -53,21 +53,6 @@ async def test_300_clients_hold_exact_replicas_through_moves_drops_and_resumes(s
     await asyncio.gather(*tasks)
 
 
-async def raw(server, frames):
-    """Send frames on a bare connection; return the messages received and the close frame."""
-    got = []
-    async with connect(f"ws://127.0.0.1:{server.port}", compression=None) as ws:
-        for f in frames:
-            await ws.send(f)
-        try:
-            async for frame in ws:
-                got.append(decode_server(frame)[0])
-        except ConnectionClosed:
-            pass
-        close = ws.protocol.close_rcvd or ws.protocol.close_sent
-    return got, close
-
-
 def hello(player="alice", **kw):
     return encode({"t": "hello", "v": 1, "token": token(player, **kw)}, "msgpack")
 
@@ -82,7 +67,7 @@ def hello(player="alice", **kw):
     ([hello(), encode({"t": "launch_missiles"}, "msgpack")], "bad_message"),
 ])
 async def test_bad_input_gets_an_error_naming_the_reason_then_a_close(server, frames, code):
-    got, close = await raw(server, frames)
+    got, close = await raw(server.port, frames)
     errors = [m for m in got if m["t"] == "error"]
     assert [e["code"] for e in errors] == [code]
     assert close.code == 1008 and close.reason.startswith(code)
@@ -91,14 +76,14 @@ async def test_bad_input_gets_an_error_naming_the_reason_then_a_close(server, fr
 
 async def test_a_frame_over_the_size_limit_closes_with_1009(server):
     big = encode({"t": "intent", "cseq": 1, "talk": {"npc": "n", "intent": "x" * 5000}}, "msgpack")
-    _, close = await raw(server, [hello(), big])
+    _, close = await raw(server.port, [hello(), big])
     assert close.code == 1009
     await until(lambda: server.errors["too_big"] == 1, 5, "too_big counted")
 
 
 async def test_a_client_over_the_message_rate_is_disconnected(server):
     flood = [encode({"t": "intent", "cseq": k, "pos": [0, 0]}, "msgpack") for k in range(1, 80)]
-    got, close = await raw(server, [hello(), *flood])
+    got, close = await raw(server.port, [hello(), *flood])
     assert close.reason.startswith("rate_limited")
     assert [m["code"] for m in got if m["t"] == "error"] == ["rate_limited"]
 
@@ -170,7 +155,7 @@ async def test_the_server_binds_to_loopback_by_default():
     assert ServerConfig(secret=SECRET).host == "127.0.0.1"
 
 
-async def test_health_turns_degraded_with_the_reason_when_a_tick_fails(tmp_path):
+async def test_health_turns_degraded_with_the_database_error_when_the_journal_fails(tmp_path):
     from server_sync.sync.persistence import Store
 
     world = sim_world(20, changes_per_s=100, size=50.0)
@@ -180,11 +165,13 @@ async def test_health_turns_degraded_with_the_reason_when_a_tick_fails(tmp_path)
     try:
         await until(lambda: srv.core.ticks > 2, 5, "ticks")
         assert srv.health()["status"] == "ready"
-        store.db.close()  # the journal can no longer be written
-        await until(lambda: srv.errors["tick_failed"] > 0, 5, "a failed tick")
+        store.db.close()  # the journal can no longer be written (nor read)
+        await until(lambda: srv.core.unavailable is not None, 5, "the outage")
         health = srv.health()
         assert health["status"] == "degraded"
-        assert any("tick failed" in r for r in health["reasons"])
+        assert any("journal unavailable" in r and "closed database" in r
+                   for r in health["reasons"]), health
+        assert srv.errors["tick_failed"] == 0
     finally:
         store.close = lambda: None  # already closed
         await srv.stop()
