@@ -83,6 +83,9 @@ class Store:
         try:
             self.db = sqlite3.connect(str(self.path), isolation_level=None)
             self.db.execute("PRAGMA journal_mode=WAL")
+            # truncate the WAL when it restarts: its file does not keep 4 MB of old pages, so a
+            # full disk fails the next tick instead of after those pages are reused
+            self.db.execute("PRAGMA journal_size_limit=0")
             self.db.execute(f"PRAGMA synchronous={synchronous}")
             self.db.executescript(_SCHEMA)
         except _FAILURES as exc:

@@ -157,7 +157,8 @@ class WsConnection(asyncio.Protocol):
         """Queue ``message`` (bytes: binary frame, str: text frame); ConnectionClosed if
         the connection is not open."""
         if self.protocol.state is not State.OPEN:
-            raise ConnectionClosed(self.protocol.close_rcvd, self.protocol.close_sent)
+            p = self.protocol
+            raise ConnectionClosed(p.close_rcvd, p.close_sent, p.close_rcvd_then_sent)
         if isinstance(message, str):
             self.protocol.send_text(message.encode())
         else:

@@ -100,19 +100,32 @@ class SmallFs:
 
 
 @pytest.fixture
-def small_fs(tmp_path):
-    """A 4 MiB tmpfs under tmp_path (CI runs as root); skipped, saying why, where mounting is
-    impossible. Unmounted afterwards."""
-    mnt = tmp_path / "small_fs"
-    mnt.mkdir()
-    try:
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)],
-                           capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        pytest.skip(f"cannot mount a tmpfs for the disk-full test: {exc}")
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs for the disk-full test (needs root): {r.stderr.strip()}")
-    try:
-        yield SmallFs(mnt)
-    finally:
+def tmpfs(tmp_path):
+    """``tmpfs(size)`` mounts a tmpfs of ``size`` (e.g. "4m") under tmp_path and returns its
+    :class:`SmallFs` (CI runs as root); the test is skipped, saying why, where mounting is
+    impossible. Everything mounted is unmounted afterwards."""
+    mounted = []
+
+    def mount(size):
+        mnt = tmp_path / f"tmpfs{len(mounted)}"
+        mnt.mkdir()
+        try:
+            r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                               capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            pytest.skip(f"cannot mount a tmpfs for the disk-full test: {exc}")
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs for the disk-full test (needs root): "
+                        f"{r.stderr.strip()}")
+        mounted.append(mnt)
+        return SmallFs(mnt)
+
+    yield mount
+    for mnt in mounted:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def small_fs(tmpfs):
+    """A 4 MiB tmpfs (see :func:`tmpfs`)."""
+    return tmpfs("4m")

@@ -4,9 +4,11 @@ messages of every type, messages with one field broken, and frames that are not 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
+from hypothesis import assume
 from hypothesis import strategies as st
 
 from server_sync.transport.schema import (
@@ -128,3 +130,44 @@ garbage_frame = st.one_of(
     st.integers(0, 3000).map(lambda d: b"\x81\xa1t" + b"\x91" * d + b"\x00"),
     st.binary(max_size=8).map(lambda b: b"\xc1" + b),  # msgpack's reserved byte
 )
+
+
+@st.composite
+def hostile_case(draw: Any, protocol: Protocol, hello: Callable[[str], bytes | str]
+                 ) -> tuple[list[bytes | str], bool, str]:
+    """One hostile connection: (frames, send bytes as text frames, kind). The last frame is
+    what the server must refuse: garbage, a message its validators refuse (first or after a
+    valid ``hello(codec)``), invalid UTF-8 in a text frame, or a frame over 4096 bytes."""
+    kind = draw(st.sampled_from(["garbage", "message", "utf8", "oversize"]))
+    after_hello = draw(st.booleans())
+    text = False
+    if kind == "garbage":
+        frame: bytes | str = draw(garbage_frame)
+    elif kind == "message":
+        msg = draw(mutated_message(protocol, "client"))
+        try:
+            protocol.validate(msg, "client")
+            valid_anyway = True
+        except Exception:
+            valid_anyway = False
+        assume(not valid_anyway)
+        codec = draw(st.sampled_from(["msgpack", "json"]))
+        encoded = encodable(msg, codec) or encodable(msg, "json" if codec == "msgpack" else "msgpack")
+        assume(encoded is not None)
+        frame = encoded  # type: ignore[assignment]
+    elif kind == "utf8":
+        frame = draw(st.binary(min_size=1, max_size=32).filter(_not_utf8))
+        text = True
+    else:
+        frame = draw(st.sampled_from([b"\x80" * 5000, "x" * 4097, b"\x00" * 70_000]))
+    codec_of_hello = "json" if isinstance(frame, str) or text else "msgpack"
+    frames = [hello(codec_of_hello), frame] if after_hello else [frame]
+    return frames, text, f"{kind}{'+hello' if after_hello else ''}"
+
+
+def _not_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False

@@ -13,39 +13,16 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from runtime.client.constraints import read_constraints
-from runtime.client.fallback import FallbackBook
-from runtime.serving.batched_engine import BatchedEngine, load_flash
-from runtime.serving.dialogue_service import CircuitBreaker, DialogueService
+from runtime.serving.dialogue_service import CircuitBreaker
 from server_sync.dialogue.dialogue_protocol import (
     decode_dialogue_server,
     validate_dialogue_client,
 )
 from server_sync.dialogue.dialogue_server import DialogueConfig, DialogueServer
 from server_sync.transport.wire import ProtocolError, encode
-from tests.runtime.conftest import build_tiny_model_dir
 from tests.server_sync.conftest import SECRET, token, until
 
-
-@pytest.fixture(scope="module")
-def loaded(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return load_flash(build_tiny_model_dir(tmp_path_factory.mktemp("dialogue_tiny")))
-
-
-def make_service(loaded: Any, **kw: Any) -> DialogueService:
-    model, tok, root = loaded
-    cons = read_constraints(root)
-    words = cons.word_constraint(tok)
-    eng = BatchedEngine(model, tok, max_batch=32, words=words)
-    solo = BatchedEngine(model, tok, max_batch=1, words=words, use_block_cache=False)
-    kw.setdefault("default_deadline_ms", 30_000)
-    kw.setdefault("min_mean_logprob", None)  # the tiny model is random: keep its lines
-    return DialogueService(eng, fallbacks=FallbackBook.from_json(root / "fallbacks.json"),
-                           catalog=tok.catalog, slot_rules=cons.slot_rules, solo_engine=solo, **kw)
-
-
-def cat(loaded: Any, key: str, i: int = 0) -> str:
-    return loaded[1].catalog[key][i]
+from .conftest import cat, make_service
 
 
 class Peer:
