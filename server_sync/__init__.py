@@ -8,9 +8,10 @@ One subpackage each (docs/server_sync.md, docs/protocol.md):
   (SQLite snapshots plus journal), interest management and the world adapters;
 * :mod:`server_sync.dialogue` - the dialogue server (``flashnpc serve --dialogue``) and its protocol;
 * :mod:`server_sync.transport` - what both servers share: the connection gate, the WebSocket
-  I/O, the wire format (:mod:`server_sync.transport.wire`), :func:`issue_token` /
-  :func:`verify_token` (HMAC-signed expiring tokens), the HTTP side port, the event loop and
-  the GC policy;
+  I/O, the wire format (:mod:`server_sync.transport.wire`), the protocol tables' building
+  blocks (:mod:`server_sync.transport.schema`), :func:`issue_token` / :func:`verify_token`
+  (JWTs via PyJWT), the HTTP side port, the event loop and the GC policy;
+* :mod:`server_sync.schemas` - the JSON Schemas of both protocols, generated from their tables;
 * :mod:`server_sync.loadtest` - the load tests (``flashnpc loadtest sync | dialogue``).
 
 The commands are :mod:`server_sync.cli`'s. Names are imported on first use, so

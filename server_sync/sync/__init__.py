@@ -1,7 +1,8 @@
 """The sync server: an authoritative world whose NPC state changes reach every client in range.
 
 * sans-I/O: :mod:`server_sync.sync.protocol` (the messages), :mod:`server_sync.sync.core`
-  (:class:`SyncCore`: sessions, interest, coalesced deltas, resume, journaling),
+  (:class:`SyncCore`: sessions, interest, coalesced deltas, resume, journaling, failing
+  closed), :mod:`server_sync.sync.authority` (which intents are applied),
   :mod:`server_sync.sync.replica` (a client's copy), :mod:`server_sync.sync.interest` (the
   spatial grid), :mod:`server_sync.sync.world` (what a synced world is; the simulated one);
 * I/O: :mod:`server_sync.sync.server` (:class:`SyncServer`, ``flashnpc serve``),

@@ -15,7 +15,8 @@ Both run on :mod:`server_sync.transport.ws_io` and share one gate (:class:`Gated
   ``bad_frame`` and close code 1007;
 - every outbound message goes through :meth:`GatedServer.write`, straight into the socket's
   write buffer; a client whose unsent backlog passes ``max_outbound_bytes`` is dropped as
-  ``slow_consumer`` (with an ``error`` frame behind the backlog). :data:`outbound_check`, when
+  ``slow_consumer`` (with an ``error`` frame behind the backlog), and no single frame is ever
+  bigger than ``max_outbound_bytes`` (the connection is closed the same way instead). :data:`outbound_check`, when
   set (the test suite sets it), sees every message a server sends;
 - a frame over ``max_frame`` is closed by websockets with 1009 and counted as ``too_big``.
 
@@ -207,6 +208,13 @@ class GatedServer:
                 outbound_check(self.schema_name, m)
         data = b"".join(ws_frame(m) for m in messages) if len(messages) > 1 \
             else ws_frame(messages[0])
+        limit = self.config.max_outbound_bytes
+        if len(data) > limit:  # no single frame may be over it: clients size buffers by it
+            big = max(len(ws_frame(m)) for m in messages)
+            if big > limit:
+                self.kick(conn, "slow_consumer", f"a {big}-byte frame is over the server's "
+                                                 f"outbound limit ({limit} bytes)", notify=True)
+                return
         transport.write(data)
         self.bytes_out += len(data)
         self.frames_out += len(messages)

@@ -9,10 +9,11 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from server_sync.sync.protocol import decode_server
+from server_sync.sync.protocol import decode_client, decode_server
+from server_sync.transport.gate import GateConfig, GatedServer
 from server_sync.transport.wire import MAX_CLOSE_REASON_BYTES, clip_utf8, encode
 
-from ..conftest import raw, token, until
+from ..conftest import SECRET, raw, token
 
 
 @pytest.fixture(autouse=True)
@@ -116,8 +117,6 @@ async def test_admin_endpoints_answer_401_to_a_wrong_or_non_ascii_bearer_token_n
     from server_sync import ServerConfig, SyncServer
     from server_sync.sync.world import sim_world
 
-    from ..conftest import SECRET
-
     async with SyncServer(sim_world(5), ServerConfig(secret=SECRET, port=0, http_port=0,
                                                      admin_token="adm")) as srv:
         for path in (b"/admin/stats", b"/admin/areas"):
@@ -130,30 +129,57 @@ async def test_admin_endpoints_answer_401_to_a_wrong_or_non_ascii_bearer_token_n
         assert ok == 200
 
 
-async def test_a_slow_consumer_hears_why_behind_its_backlog():
-    """The error frame goes out behind the unsent bytes; the close follows it."""
-    from server_sync.transport.gate import GateConfig, GateConn, GatedServer
+class Greeter(GatedServer):
+    """A bare gated server (sync messages) whose welcome runs ``greet(server, conn)``."""
 
-    class Loud(GatedServer):
-        schema_name = "sync"
+    schema_name = "sync"
 
-        def decode(self, frame):
-            from server_sync.sync.protocol import decode_client
-            return decode_client(frame)
+    def __init__(self, greet, **config):
+        super().__init__(GateConfig(secret=SECRET, **config))
+        self.greet = greet
 
-        def welcome(self, conn: GateConn, hello):
-            sock = conn.ws.transport.get_extra_info("socket")
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # the kernel takes little
-            self.write(conn, [encode({"t": "ack", "cseq": 0}, conn.codec)] * 20_000)
+    def decode(self, frame):
+        return decode_client(frame)
 
-    from ..conftest import SECRET
+    def welcome(self, conn, hello):
+        self.greet(self, conn)
 
-    srv = Loud(GateConfig(secret=SECRET, max_outbound_bytes=10_000))
+
+async def greeted(greet, **config):
+    """What a client gets from a :class:`Greeter`; (messages, close frame, server)."""
+    srv = Greeter(greet, **config)
     await srv.listen()
     try:
         got, close = await raw(srv.port, [hello()])
-        assert got[-1]["t"] == "error" and got[-1]["code"] == "slow_consumer"
-        assert close.code == 1008
     finally:
         await srv.close_all([])
-    await until(lambda: srv.errors["slow_consumer"] == 1, 5, "counted")
+    return got, close, srv
+
+
+async def test_a_slow_consumer_hears_why_behind_its_backlog():
+    """The error frame goes out behind the unsent bytes; the close follows it."""
+    def flood(srv, conn):
+        sock = conn.ws.transport.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # the kernel takes little
+        srv.write(conn, [encode({"t": "ack", "cseq": 0}, conn.codec)] * 20_000)
+
+    got, close, srv = await greeted(flood, max_outbound_bytes=10_000)
+    assert got[-1]["t"] == "error" and got[-1]["code"] == "slow_consumer"
+    assert close.code == 1008 and srv.errors["slow_consumer"] == 1
+
+
+async def test_no_server_frame_is_bigger_than_the_outbound_limit():
+    """A frame the limit cannot hold closes the connection as slow_consumer, never goes out."""
+    def big(srv, conn):
+        srv.send(conn, {"t": "bye", "reason": "x" * 200})  # fits
+        srv.write(conn, [encode({"t": "error", "code": "bad_frame", "reason": "y" * 800},
+                                conn.codec)] * 30)  # fits only as separate frames
+        srv.send(conn, {"t": "snapshot", "v": 1, "epoch": "e", "seq": 0, "time": 0.0,
+                        "radius": 1.0, "tick_hz": 20.0, "pos": [0.0, 0.0],
+                        "npcs": {f"n{k}": {"pos": [0.0, 0.0], "state": {"s": "z" * 100}}
+                                 for k in range(200)}})  # ~25 KB in one frame
+
+    got, close, _ = await greeted(big, max_outbound_bytes=20_000)
+    assert [m["t"] for m in got[:1]] == ["bye"] and len(got) == 32
+    assert got[-1]["code"] == "slow_consumer" and "over the server's outbound limit" in \
+        got[-1]["reason"] and close.code == 1008
