@@ -187,9 +187,11 @@ async def _worker(index: int, cfg: dict[str, Any], players: list[str], url: str,
             y = min(size, max(0.0, y + cfg["speed"] * math.sin(ang)))
             talk = None
             moves += 1
-            if cfg["talk_every"] and moves % cfg["talk_every"] == 0 and c.replica.npcs:
-                talk = (rng.choice(sorted(c.replica.npcs)), "greet")
-                talks += 1
+            if cfg["talk_every"] and moves % cfg["talk_every"] == 0:
+                near = _in_talk_range(c.replica.npcs, (x, y), radius)
+                if near:  # like a player: an NPC it can see and reach
+                    talk = (rng.choice(near), "greet")
+                    talks += 1
             await c.send_intent(pos=(x, y), talk=talk)
         t = time.monotonic()
         if t - last_report >= 1.0:
@@ -248,6 +250,13 @@ async def _worker(index: int, cfg: dict[str, Any], players: list[str], url: str,
         await c.close()
     await asyncio.gather(*tasks, return_exceptions=True)
     q.put(("done", index, result))
+
+
+def _in_talk_range(npcs: dict[str, Any], pos: tuple[float, float], reach: float) -> list[str]:
+    """The NPCs of a replica within ``reach`` of ``pos`` (the server's talk range is its
+    interest radius by default), sorted."""
+    return sorted(n for n, e in npcs.items()
+                  if math.hypot(e["pos"][0] - pos[0], e["pos"][1] - pos[1]) <= reach)
 
 
 # ---- orchestrator ------------------------------------------------------------------------
@@ -480,6 +489,7 @@ def _drive(cfg: LoadConfig, server: subprocess.Popen[bytes], url: str, admin_url
         "missing_clients": sum(r["missing"] for r in results),
         "client_errors": sorted(e for r in results for e in r["errors"]),
         "server_errors": s2["errors"],
+        "server_refused_intents": s2.get("refused_intents", 0) - s0.get("refused_intents", 0),
         "server_tick_overruns": s1["tick_overruns"] - s0["tick_overruns"],
         "server_ticks": s1["ticks"] - s0["ticks"],
         # the server's own share of propagation: a change made during a tick is written

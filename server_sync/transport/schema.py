@@ -67,6 +67,7 @@ class Spec:
 
     json_type: ClassVar[dict[str, Any]] = {}
     words: ClassVar[str] = "a value"
+    leaf: ClassVar[bool] = True  # answers problem() cheaply (containers raise from check())
     description: str = ""
 
     def problem(self, v: Any) -> str | None:
@@ -233,6 +234,8 @@ class Nullable(Spec):
 
 
 class _Container(Spec):
+    leaf: ClassVar[bool] = False
+
     def field_check(self, v: Any, where: str, key: str) -> None:
         self.check(v, f"{where}.{key}")
 
@@ -257,8 +260,14 @@ class ListOf(_Container):
             raise _bad(where, f"must be a list, got {type(v).__name__}")
         if len(v) > self.max_items:
             raise _bad(where, f"must hold at most {self.max_items} items, got {len(v)}")
+        item = self.item
         for i, x in enumerate(v):
-            self.item.check(x, f"{where}[{i}]")
+            if item.leaf:
+                p = item.problem(x)
+                if p is not None:
+                    raise _bad(f"{where}[{i}]", p)
+            else:
+                item.check(x, f"{where}[{i}]")
 
     def json(self) -> dict[str, Any]:
         return _doc({"type": "array", "items": self.item.json(), "maxItems": self.max_items},
@@ -279,12 +288,17 @@ class MapOf(_Container):
             raise _bad(where, f"must be a map, got {type(v).__name__}")
         if len(v) > self.max_items:
             raise _bad(where, f"must hold at most {self.max_items} entries, got {len(v)}")
-        key, value = self.key, self.value
+        key, value, leaf = self.key, self.value, self.value.leaf
         for k, x in v.items():
             p = key.problem(k)
             if p is not None:
                 raise _bad(where, f"key {describe(k)} {p}")
-            value.check(x, f"{where}[{k}]")
+            if leaf:  # no path string unless something is wrong
+                p = value.problem(x)
+                if p is not None:
+                    raise _bad(f"{where}[{k}]", p)
+            else:
+                value.check(x, f"{where}[{k}]")
 
     def json(self) -> dict[str, Any]:
         return _doc({"type": "object", "propertyNames": self.key.json(),
@@ -310,19 +324,28 @@ class Obj(_Container):
     any_of: tuple[str, ...] = ()
     description: str = ""
 
+    def __post_init__(self) -> None:
+        required = tuple(k for k, f in self.fields.items() if f.required)
+        object.__setattr__(self, "_required", required)
+
     def check(self, v: Any, where: str) -> None:
         if type(v) is not dict:
             raise _bad(where, f"must be a map, got {type(v).__name__}")
         fields = self.fields
-        for k in v:
-            if k not in fields:
-                extra = sorted(describe(x) for x in v if x not in fields)
-                raise _bad(where, f"unknown field(s) {', '.join(extra[:5])}")
-        for name, f in fields.items():
-            if name in v:
-                f.spec.field_check(v[name], where, name)
-            elif f.required:
-                raise _bad(where, f"'{name}' is required ({f.spec.summary()})")
+        if not fields.keys() >= v.keys():
+            extra = sorted(describe(x) for x in v if x not in fields)
+            raise _bad(where, f"unknown field(s) {', '.join(extra[:5])}")
+        for name in self._required:  # type: ignore[attr-defined]
+            if name not in v:
+                raise _bad(where, f"'{name}' is required ({fields[name].spec.summary()})")
+        for name, x in v.items():
+            spec = fields[name].spec
+            if spec.leaf:
+                p = spec.problem(x)
+                if p is not None:
+                    raise _bad(where, f"'{name}' {p}")
+            else:
+                spec.check(x, f"{where}.{name}")
         if self.any_of and not any(k in v for k in self.any_of):
             names = [f"'{k}'" for k in self.any_of]
             raise _bad(where, f"needs {', '.join(names[:-1])} or {names[-1]}")
