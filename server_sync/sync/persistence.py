@@ -24,7 +24,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,6 +110,19 @@ class Store:
             if self.db.in_transaction:
                 self.db.execute("ROLLBACK")
 
+    @contextlib.contextmanager
+    def _write(self, what: str) -> Iterator[sqlite3.Connection]:
+        """One write transaction's error handling: anything that fails inside is rolled back;
+        a database or encoding failure becomes StoreError naming ``what``."""
+        try:
+            yield self.db
+        except _FAILURES as exc:
+            self._rollback()
+            raise StoreError(f"{what} failed: {exc}") from None
+        except BaseException:
+            self._rollback()
+            raise
+
     def commit_tick(self, intents: Iterable[IntentRecord],
                     changes: Iterable[tuple[str, str, Any]]) -> None:
         """Journal one tick in one transaction: the intents it applied and the changes
@@ -121,8 +134,7 @@ class Store:
         best: dict[str, int] = {}
         for r in intents:
             best[r.player] = max(best.get(r.player, 0), r.cseq)
-        db = self.db
-        try:
+        with self._write("journal write") as db:
             row = (_dumps([[r.player, r.cseq, r.body] for r in intents]), _dumps(changes))
             db.execute("BEGIN IMMEDIATE")
             db.execute("INSERT INTO journal (intents, changes) VALUES (?, ?)", row)
@@ -131,18 +143,11 @@ class Store:
                     "INSERT INTO players (player, cseq) VALUES (?, ?) ON CONFLICT(player) "
                     "DO UPDATE SET cseq = MAX(cseq, excluded.cseq)", list(best.items()))
             db.execute("COMMIT")
-        except _FAILURES as exc:
-            self._rollback()
-            raise StoreError(f"journal write failed: {exc}") from None
-        except BaseException:
-            self._rollback()
-            raise
 
     def write_snapshot(self, world_state: dict[str, Any]) -> None:
         """Save the whole world and drop the journal rows it covers; StoreError if it could
         not (nothing written)."""
-        db = self.db
-        try:
+        with self._write("snapshot write") as db:
             data = _dumps(world_state)
             db.execute("BEGIN IMMEDIATE")
             upto = self._scalar("SELECT COALESCE(MAX(id), 0) FROM journal")
@@ -151,12 +156,6 @@ class Store:
             db.execute("DELETE FROM snapshots WHERE id < (SELECT MAX(id) FROM snapshots)")
             db.execute("DELETE FROM journal WHERE id <= ?", (upto,))
             db.execute("COMMIT")
-        except _FAILURES as exc:
-            self._rollback()
-            raise StoreError(f"snapshot write failed: {exc}") from None
-        except BaseException:
-            self._rollback()
-            raise
 
     def recover(self) -> Recovery:
         """What a restarting server needs: see :class:`Recovery`; StoreError if the database
