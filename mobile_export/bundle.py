@@ -302,10 +302,15 @@ def _write_zip(stage: Path, archive: Path, manifest: dict[str, Any]) -> None:
     """Files at the archive root; fixed timestamps so the same bundle zips to the same bytes."""
     with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as zf:
         for name in [MANIFEST, *(e["path"] for e in manifest["files"])]:
-            info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
-            info.compress_type = zipfile.ZIP_DEFLATED
-            info.external_attr = 0o644 << 16
-            zf.writestr(info, (stage / name).read_bytes())
+            zf.writestr(zip_entry(name), (stage / name).read_bytes())
+
+
+def zip_entry(name: str) -> zipfile.ZipInfo:
+    """A bundle's zip entry: deflated, mode 0644, a fixed timestamp (same files, same bytes)."""
+    info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
+    info.compress_type = zipfile.ZIP_DEFLATED
+    info.external_attr = 0o644 << 16
+    return info
 
 
 def _move_into_place(final: Path, dest: Path, staging: Path) -> None:
@@ -323,4 +328,4 @@ def _move_into_place(final: Path, dest: Path, staging: Path) -> None:
         raise
 
 
-__all__ = ["MAX_BUNDLE_BYTES", "TARGETS", "BundleExportError", "ExportedBundle", "export_bundle"]
+__all__ = ["MAX_BUNDLE_BYTES", "TARGETS", "BundleExportError", "ExportedBundle", "export_bundle", "zip_entry"]

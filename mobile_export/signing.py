@@ -15,6 +15,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from mobile_export.bundle import zip_entry
 from runtime.client.bundle import MANIFEST, BundleError, open_bundle
 from runtime.client.signature import SIGNATURE, key_id, signature_document
 
@@ -89,10 +90,7 @@ def sign_bundle(path: str | Path, key_path: str | Path) -> str:
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as out:
             for info, data in entries:
                 out.writestr(info, data)
-            sig = zipfile.ZipInfo(SIGNATURE, date_time=(2020, 1, 1, 0, 0, 0))
-            sig.compress_type = zipfile.ZIP_DEFLATED
-            sig.external_attr = 0o644 << 16
-            out.writestr(sig, document)
+            out.writestr(zip_entry(SIGNATURE), document)
         os.replace(tmp, src)
     finally:
         if os.path.exists(tmp):
