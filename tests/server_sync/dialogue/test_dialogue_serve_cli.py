@@ -52,7 +52,13 @@ async def test_serve_dialogue_answers_a_line_next_to_the_sync_server(tmp_path):
             assert line["t"] == "line" and line["rid"] == 2 and line["text"]
     finally:
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
+        try:
+            code = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # never leave a server behind
+            proc.wait()
+            raise
+        assert code == 0
 
 
 def test_serve_dialogue_refuses_zero_cpu_threads_with_a_reason():
