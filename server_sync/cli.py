@@ -65,6 +65,16 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--npcs", type=int, default=10, help="villagers for a directory world")
     parser.add_argument("--db", default=None,
                         help="SQLite file for snapshots + journal (recovered on start)")
+    parser.add_argument("--redis", default=None, metavar="URL",
+                        help="scale out: share the world with other nodes through the Redis at "
+                             "URL (redis://host:port/db) instead of --db (docs/scale_out.md)")
+    parser.add_argument("--node-id", default=None,
+                        help="this node's name in the cluster (with --redis; default: random)")
+    parser.add_argument("--area-size", type=float, default=250.0,
+                        help="side of the areas nodes own (with --redis; default 250)")
+    parser.add_argument("--lease-ms", type=int, default=2000,
+                        help="area lease: a dead node's areas move after about this plus a "
+                             "quarter of it (with --redis; default 2000)")
     parser.add_argument("--tick-hz", type=float, default=20.0, help="server tick rate")
     parser.add_argument("--radius", type=float, default=100.0, help="interest radius")
     parser.add_argument("--ring", type=int, default=64, help="deltas kept per client for resume")
@@ -179,8 +189,15 @@ async def _serve(args: argparse.Namespace, secret: bytes) -> None:
         admin_token=os.environ.get(ADMIN_TOKEN_ENV) or None, max_speed=args.max_speed,
         move_burst_s=args.move_burst, talk_range=args.talk_range, bounds=_bounds(args.bounds),
         **_token_settings(args))
-    store = Store(args.db) if args.db else None
-    server = SyncServer(world, config, store)
+    if args.redis:
+        if args.db:
+            raise ValueError("--redis and --db: a cluster node journals into Redis, not SQLite")
+        from .cluster.node import build_node
+
+        server: SyncServer = build_node(world, config, args.redis, node_id=args.node_id,
+                                        area_size=args.area_size, lease_ms=args.lease_ms)
+    else:
+        server = SyncServer(world, config, Store(args.db) if args.db else None)
     dialogue = _dialogue_server(args, secret) if args.dialogue else None
     await server.start()
     print(f"flashnpc serve: ws://{args.host}:{server.port}  http://{args.host}:{server.http_port}"
@@ -274,6 +291,16 @@ def add_loadtest_arguments(parser: argparse.ArgumentParser) -> None:
                         help="new connections per second during the ramp")
     parser.add_argument("--codec", choices=["msgpack", "json"], default=d.codec)
     parser.add_argument("--no-db", action="store_true", help="run the server without SQLite")
+    c = parser.add_argument_group("sync cluster (docs/scale_out.md)")
+    c.add_argument("--nodes", type=int, default=1,
+                   help="sync: run N `flashnpc serve --redis` nodes and spread the clients over "
+                        "them (default 1: one server with SQLite)")
+    c.add_argument("--redis", default=None, metavar="URL",
+                   help="sync with --nodes: use this Redis (default: start a redis-server)")
+    c.add_argument("--area-size", type=float, default=250.0, help="sync with --nodes: area side")
+    c.add_argument("--lease-ms", type=int, default=2000, help="sync with --nodes: area lease")
+    c.add_argument("--kill-node-at", type=float, default=None, metavar="S",
+                   help="sync with --nodes: kill -9 node n0 S seconds into the run")
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--client-nice", type=int, default=d.client_nice,
                         help="niceness of the client worker processes (0: same as the server)")
@@ -320,17 +347,31 @@ def run_loadtest(args: argparse.Namespace) -> int:
         print("flashnpc loadtest: error: need --clients >= 1, --procs >= 1, --duration > 0 and "
               "0 <= --churn <= 1", file=sys.stderr)
         return 2
-    cfg = LoadConfig(clients=args.clients, duration=args.duration, churn=args.churn,
-                     npcs=args.npcs, changes=args.changes, size=args.size, radius=args.radius,
-                     tick_hz=args.tick_hz, procs=args.procs, move_hz=args.move_hz,
-                     connect_rate=args.connect_rate, codec=args.codec, db=not args.no_db,
-                     seed=args.seed, out=args.out or LoadConfig().out,
-                     client_nice=args.client_nice, profile_server=args.profile_server,
-                     loop=args.loop, client_gc_freeze_s=args.client_gc_freeze)
-    stages = {"ramp": f"connecting {cfg.clients} clients", "run": "measuring",
+    settings = dict(clients=args.clients, duration=args.duration, churn=args.churn,
+                    npcs=args.npcs, changes=args.changes, size=args.size, radius=args.radius,
+                    tick_hz=args.tick_hz, procs=args.procs, move_hz=args.move_hz,
+                    connect_rate=args.connect_rate, codec=args.codec, db=not args.no_db,
+                    seed=args.seed, out=args.out or LoadConfig().out,
+                    client_nice=args.client_nice, profile_server=args.profile_server,
+                    loop=args.loop, client_gc_freeze_s=args.client_gc_freeze)
+    stages = {"ramp": f"connecting {args.clients} clients", "run": "measuring",
               "verify": "settling and checking every replica"}
-    with _LoadBar(cfg.duration, stages, enabled=not args.no_progress) as bar:
-        report = run_sync_loadtest(cfg, log=bar.write, progress=bar.progress)
+    if args.nodes > 1:
+        from .loadtest.cluster_loadtest import ClusterLoadConfig, run_cluster_loadtest
+
+        settings["out"] = args.out or "runs/loadtest_sync_cluster"
+        cfg: LoadConfig = ClusterLoadConfig(**settings, nodes=args.nodes, redis=args.redis,
+                                            area_size=args.area_size, lease_ms=args.lease_ms,
+                                            kill_node_at=args.kill_node_at)
+        run = run_cluster_loadtest
+    else:
+        cfg, run = LoadConfig(**settings), run_sync_loadtest
+    try:
+        with _LoadBar(cfg.duration, stages, enabled=not args.no_progress) as bar:
+            report = run(cfg, log=bar.write, progress=bar.progress)  # type: ignore[arg-type]
+    except ValueError as exc:
+        print(f"flashnpc loadtest sync: error: {exc}", file=sys.stderr)
+        return 2
     summary = {k: v for k, v in report.items() if k not in ("timeline", "config")}
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -347,10 +388,37 @@ def run_loadtest(args: argparse.Namespace) -> int:
             ("gaps / mismatched / missing / unacked", f"{report['gaps']} / {report['mismatched_replicas']} / "
                                                       f"{report['missing_clients']} / {report['unacked_intents']}"),
             ("server CPU", f"{100 * report['server_cpu_util']:.0f}%"),
+            *_cluster_rows(report),
             ("zero lost updates", "yes" if report["zero_lost_updates"] else "NO"),
         ])
     _say_where(cfg.out, report, args.json)
     return 0 if report["zero_lost_updates"] else 1
+
+
+def _cluster_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """The cluster load test's own rows: per node, then the cluster checks."""
+    if "per_node" not in report:
+        return []
+    rows = [(f"node {n['node']}" + (" (killed)" if n["killed"] else ""),
+             f"{n['clients_at_end']} clients at end, p50 / p99 {_ms(n['latency_ms']['p50'])} / "
+             f"{_ms(n['latency_ms']['p99'])}, gaps {n['gaps']}, mismatched {n['mismatched']}, "
+             f"{n['areas_owned_at_end']} areas") for n in report["per_node"]]
+    takeover = report["takeover_s"]
+    rows += [
+        ("acked intents lost / pending in streams", f"{report['acked_intents_lost']} / "
+                                                    f"{report['intents_pending_in_streams']}"),
+        ("cross-node mismatches / border crossings", f"{report['cross_node_mismatches']} / "
+                                                     f"{report['border_crossings']}"),
+        ("takeover", "-" if takeover is None else
+         f"{takeover:.2f} s for {report['victim_areas']} areas (bound "
+         f"{report['takeover_bound_s']:.2f} s)"),
+    ]
+    redis = report.get("redis")
+    if redis:
+        rows.append(("Redis", f"{redis['commands_per_s']:.0f} commands/s "
+                              f"({redis['scripts_per_s']:.0f} scripts/s), CPU "
+                              f"{100 * redis['cpu_util']:.0f}%"))
+    return rows
 
 
 def _run_dialogue(args: argparse.Namespace) -> int:

@@ -44,7 +44,7 @@ from typing import Any
 from ..transport import aio
 from ..transport.gc_policy import GcPolicy
 
-__all__ = ["LoadConfig", "run_loadtest"]
+__all__ = ["LoadConfig", "OneServer", "drive", "run_loadtest", "serve_command"]
 
 
 @dataclass
@@ -107,6 +107,10 @@ async def _worker(index: int, cfg: dict[str, Any], players: list[str], url: str,
     rng = random.Random(cfg["seed"] * 1000 + index)
     size, radius = cfg["size"], cfg["radius"]
     lat: list[float] = []
+    nodes = [url] if isinstance(url, str) else list(url)  # a cluster: spread over its nodes
+    lat_by_node: dict[str, list[float]] = {u: [] for u in nodes}
+    area = cfg.get("area_size")  # a cluster's area side: count the moves across borders
+    crossings = 0
     stats = {"bytes": 0, "baseline": 0.0}
     # Latency counts live deltas only: after each (re)connect, deltas built before the
     # connection's first message are replays of what the client missed while away.
@@ -124,9 +128,13 @@ async def _worker(index: int, cfg: dict[str, Any], players: list[str], url: str,
                 live_since[k] = now
             if msg["t"] == "delta" and msg["time"] >= live_since[k]:
                 lat.append(now - msg["time"])
+                if len(nodes) > 1:
+                    lat_by_node[clients[k].url].append(now - msg["time"])
 
         pos = (rng.uniform(0, size), rng.uniform(0, size))
-        return Client(url, lambda: issue_token(secret, pid, ttl_s=3600), position=pos,
+        first = k % len(nodes)
+        return Client(nodes[first:] + nodes[:first], lambda: issue_token(secret, pid, ttl_s=3600),
+                      position=pos,
                       codec=cfg["codec"], on_message=on_message, seed=rng.randrange(1 << 30),
                       backoff_initial_s=0.1, backoff_max_s=2.0, open_timeout_s=30)
 
@@ -183,8 +191,11 @@ async def _worker(index: int, cfg: dict[str, Any], players: list[str], url: str,
             c = clients[k]
             x, y = c.position or (0.0, 0.0)
             ang = rng.uniform(0, 2 * math.pi)
+            x0, y0 = x, y
             x = min(size, max(0.0, x + cfg["speed"] * math.cos(ang)))
             y = min(size, max(0.0, y + cfg["speed"] * math.sin(ang)))
+            if area and (x0 // area, y0 // area) != (x // area, y // area):
+                crossings += 1
             talk = None
             moves += 1
             if cfg["talk_every"] and moves % cfg["talk_every"] == 0:
@@ -232,12 +243,21 @@ async def _worker(index: int, cfg: dict[str, Any], players: list[str], url: str,
         await asyncio.sleep(0.05)
     areas = json.loads(Path(verify_path.value.decode()).read_text())
     mismatched = missing = 0
+    per_node = {u: {"clients": 0, "mismatched": 0, "missing": 0, "gaps": 0} for u in nodes}
     for pid, c in zip(players, clients):
-        area = areas.get(pid)
-        if area is None or not c.connected:
+        here = areas["by_node"].get(c.url, {}) if "by_node" in areas else areas
+        theirs = here.get(pid)
+        row = per_node[c.url]
+        row["clients"] += 1
+        row["gaps"] += c.gaps
+        if theirs is None or not c.connected:
             missing += 1
-        elif area["seq"] != c.replica.seq or area["npcs"] != c.replica.npcs:
+            row["missing"] += 1
+        elif theirs["seq"] != c.replica.seq or theirs["npcs"] != c.replica.npcs:
             mismatched += 1
+            row["mismatched"] += 1
+    for u, row in per_node.items():
+        row["lat"] = np.asarray(lat_by_node[u], dtype=np.float32).tobytes()
     result = {
         "clients": len(clients), "mismatched": mismatched, "missing": missing,
         "unacked": unacked, "gaps": sum(c.gaps for c in clients),
@@ -245,6 +265,9 @@ async def _worker(index: int, cfg: dict[str, Any], players: list[str], url: str,
         "errors": [c.last_error[0] for c in clients if c.last_error] + fatal,
         "intents": sum(c.cseq for c in clients), "talks": talks,
         "churned": n_churn, "cpu_util": cpu_run / wall_run, "gc_full": gc_policy.stats(),
+        "crossings": crossings, "per_node": per_node,
+        "players": {pid: {"acked": c.acked, "pos": c.position, "node": c.url}
+                    for pid, c in zip(players, clients)},
     }
     for c in clients:
         await c.close()
@@ -308,8 +331,6 @@ def run_loadtest(cfg: LoadConfig, *, log: Any = print, progress: Progress | None
     """Run the load test described by ``cfg``; returns the report (also written to
     ``cfg.out``/report.json, with plot.png when matplotlib is installed: the report's
     ``plot`` is its path, or None). ``progress`` hears the stage and the seconds run so far."""
-    import numpy as np
-
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="flashnpc_loadtest_"))
@@ -317,11 +338,7 @@ def run_loadtest(cfg: LoadConfig, *, log: Any = print, progress: Progress | None
     admin = secrets.token_hex(16)
     ready = tmp / "ready"
     env = dict(os.environ, FLASHNPC_SECRET=secret.decode(), FLASHNPC_ADMIN_TOKEN=admin)
-    prefix = ["-m", "cProfile", "-o", cfg.profile_server] if cfg.profile_server else []
-    cmd = [sys.executable, *prefix, "-m", "plugin.cli", "serve", "--port", "0", "--http-port", "0",
-           "--world", f"sim:{cfg.npcs}:{cfg.changes}:{cfg.size}", "--tick-hz", str(cfg.tick_hz),
-           "--radius", str(cfg.radius), "--ready-file", str(ready), "--seed", str(cfg.seed),
-           "--grace", "60", "--ring", "128", "--loop", cfg.loop]
+    cmd = serve_command(cfg, ready)
     if cfg.db:
         cmd += ["--db", str(tmp / "world.sqlite")]
     server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -329,10 +346,54 @@ def run_loadtest(cfg: LoadConfig, *, log: Any = print, progress: Progress | None
         port, http_port = wait_ready(server, ready, 60.0)
         url = f"ws://127.0.0.1:{port}"
         admin_url = f"http://127.0.0.1:{http_port}/admin"
-        return _drive(cfg, server, url, admin_url, admin, secret, tmp, out, log, np,
-                      progress or (lambda _stage, _s: None))
+        return drive(cfg, OneServer(server, admin_url, admin), url, secret, tmp, out, log,
+                     progress or (lambda _stage, _s: None))
     finally:
         stop_process(server)
+
+
+def serve_command(cfg: LoadConfig, ready: Path) -> list[str]:
+    """The ``flashnpc serve`` command line of the server under test (sim world, loopback)."""
+    prefix = ["-m", "cProfile", "-o", cfg.profile_server] if cfg.profile_server else []
+    return [sys.executable, *prefix, "-m", "plugin.cli", "serve", "--port", "0", "--http-port", "0",
+            "--world", f"sim:{cfg.npcs}:{cfg.changes}:{cfg.size}", "--tick-hz", str(cfg.tick_hz),
+            "--radius", str(cfg.radius), "--ready-file", str(ready), "--seed", str(cfg.seed),
+            "--grace", "60", "--ring", "128", "--loop", cfg.loop]
+
+
+class OneServer:
+    """What :func:`drive` needs of the servers under test, for one ``flashnpc serve``
+    (server_sync.loadtest.cluster_loadtest has the same for a cluster)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], admin_url: str, admin: str) -> None:
+        self.proc = proc
+        self.admin_url = admin_url
+        self.admin = admin
+
+    def dead(self) -> str | None:
+        """Why the servers cannot go on (a process exited), or None."""
+        code = self.proc.poll()
+        return None if code is None else f"the server exited with code {code}"
+
+    def stats(self, clear_ticks: bool = False) -> dict[str, Any]:
+        return _http(f"{self.admin_url}/stats" + ("?clear_ticks=1" if clear_ticks else ""),
+                     self.admin)
+
+    def freeze(self) -> None:
+        _http(f"{self.admin_url}/freeze", self.admin, "POST")
+
+    def areas(self) -> dict[str, Any]:
+        return _http(f"{self.admin_url}/areas", self.admin)
+
+    def cpu_seconds(self) -> float:
+        return _cpu_seconds(self.proc.pid)
+
+    def during_run(self, seconds: float) -> None:
+        """Called about once a second of the measured run (the cluster kills a node here)."""
+
+    def finish(self, report: dict[str, Any], results: list[dict[str, Any]]) -> bool:
+        """Add the servers' own checks to ``report``; False when one failed."""
+        return True
 
 
 def stop_process(proc: subprocess.Popen[bytes]) -> None:
@@ -345,7 +406,7 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
             proc.kill()
 
 
-def _next(q: Any, procs: list[Any], server: subprocess.Popen[bytes],
+def _next(q: Any, procs: list[Any], servers: OneServer,
           timeout: float) -> tuple[str, int, Any]:
     """The next worker message; fails fast if a worker or the server died."""
     import queue
@@ -358,15 +419,19 @@ def _next(q: Any, procs: list[Any], server: subprocess.Popen[bytes],
             dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
             if dead:
                 raise RuntimeError(f"a client worker exited with code {dead[0]}") from None
-            if server.poll() is not None:
-                raise RuntimeError(f"the server exited with code {server.returncode}") from None
+            dead = servers.dead()
+            if dead is not None:
+                raise RuntimeError(dead) from None
             if time.time() > deadline:
                 raise RuntimeError(f"no word from the client workers in {timeout:.0f} s") from None
 
 
-def _drive(cfg: LoadConfig, server: subprocess.Popen[bytes], url: str, admin_url: str,
-           admin: str, secret: bytes, tmp: Path, out: Path, log: Any, np: Any,
-           progress: Progress) -> dict[str, Any]:
+def drive(cfg: LoadConfig, servers: OneServer, url: str | list[str], secret: bytes, tmp: Path,
+          out: Path, log: Any, progress: Progress) -> dict[str, Any]:
+    """Run the clients against ``servers`` (``url``: a server, or a cluster's nodes) through
+    the phases of the module docstring; returns the report."""
+    import numpy as np
+
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     go = ctx.Event()
@@ -384,7 +449,7 @@ def _drive(cfg: LoadConfig, server: subprocess.Popen[bytes], url: str, admin_url
     t_start = time.time()
     ramped = 0
     while ramped < cfg.procs:
-        kind, i, payload = _next(q, procs, server, 300)
+        kind, i, payload = _next(q, procs, servers, 300)
         if kind == "fatal":
             raise RuntimeError(f"worker {i} failed: {payload}")
         if kind == "ramped":
@@ -392,14 +457,15 @@ def _drive(cfg: LoadConfig, server: subprocess.Popen[bytes], url: str, admin_url
             progress("ramp", 0.0)
     ramp_s = time.time() - t_start
     log(f"ramp: {cfg.clients} clients connected in {ramp_s:.1f} s")
-    s0 = _http(f"{admin_url}/stats?clear_ticks=1", admin)
-    cpu0, wall0 = _cpu_seconds(server.pid), time.time()
+    s0 = servers.stats(clear_ticks=True)
+    cpu0, wall0 = servers.cpu_seconds(), time.time()
     go.set()
     per_second: dict[int, dict[str, Any]] = {}
     lat_all: list[Any] = []
     run_end = wall0 + cfg.duration
     while time.time() < run_end:
         progress("run", time.time() - wall0)
+        servers.during_run(time.time() - wall0)
         try:
             kind, i, payload = q.get(timeout=max(0.1, min(1.0, run_end - time.time())))
         except Exception:
@@ -422,42 +488,42 @@ def _drive(cfg: LoadConfig, server: subprocess.Popen[bytes], url: str, admin_url
                     la = np.concatenate(r["lat"]) if r["lat"] else np.zeros(0)
                     log(f"t={sec:3d}s connected={r['connected']} deltas={len(la)} "
                         f"p99={_pct(la, 99) or 0:.1f} ms")
-    s1 = _http(f"{admin_url}/stats", admin)
-    cpu1, wall1 = _cpu_seconds(server.pid), time.time()
+    s1 = servers.stats()
+    cpu1, wall1 = servers.cpu_seconds(), time.time()
     progress("verify", cfg.duration)
     stop_moving.set()
     settled = unacked = 0
     while settled < cfg.procs:
-        kind, i, payload = _next(q, procs, server, cfg.settle_timeout + 60)
+        kind, i, payload = _next(q, procs, servers, cfg.settle_timeout + 60)
         if kind == "fatal":
             raise RuntimeError(f"worker {i} failed: {payload}")
         if kind == "settled":
             settled += 1
             unacked += payload
-    _http(f"{admin_url}/freeze", admin, "POST")
+    servers.freeze()
     last = -1
     deadline = time.time() + cfg.settle_timeout
     while time.time() < deadline:  # wait until the server builds no more deltas
         time.sleep(1.0)
-        d = _http(f"{admin_url}/stats", admin)["deltas"]
+        d = servers.stats()["deltas"]
         if d == last:
             break
         last = d
     time.sleep(1.0)  # frames of the last tick are in flight on loopback
     areas_file = tmp / "areas.json"
-    areas_file.write_text(json.dumps(_http(f"{admin_url}/areas", admin)))
+    areas_file.write_text(json.dumps(servers.areas()))
     verify_path.value = str(areas_file).encode()
     verify_go.set()
     results = []
     while len(results) < cfg.procs:
-        kind, i, payload = _next(q, procs, server, 300)
+        kind, i, payload = _next(q, procs, servers, 300)
         if kind == "fatal":
             raise RuntimeError(f"worker {i} failed: {payload}")
         if kind == "done":
             results.append(payload)
     for p in procs:
         p.join(30)
-    s2 = _http(f"{admin_url}/stats", admin)
+    s2 = servers.stats()
     lat = np.concatenate(lat_all) if lat_all else np.zeros(0)
     elapsed = wall1 - wall0
     changes_per_s = (s1["state_changes"] - s0["state_changes"]) / elapsed
@@ -513,9 +579,10 @@ def _drive(cfg: LoadConfig, server: subprocess.Popen[bytes], url: str, admin_url
                       "p99": _pct(np.concatenate(r["lat"]), 99) if r["lat"] else None}
                      for s, r in rows],
     }
+    servers_ok = servers.finish(report, results)
     report["zero_lost_updates"] = (report["gaps"] == 0 and report["mismatched_replicas"] == 0
                                    and report["missing_clients"] == 0
-                                   and report["unacked_intents"] == 0)
+                                   and report["unacked_intents"] == 0 and servers_ok)
     report["plot"] = write_plot(lambda path: _plot(report, path), out / "plot.png", log)
     (out / "report.json").write_text(json.dumps(report, indent=2))
     return report

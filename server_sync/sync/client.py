@@ -12,6 +12,8 @@ and calls ``on_change(change)`` for every :class:`~server_sync.sync.replica.Chan
 connection drops it reconnects with exponential backoff and full jitter, sends
 ``resume: {epoch, seq}`` so the server replays missed deltas (or sends a snapshot), and
 re-sends every intent not yet acknowledged (the server ignores ones it already applied).
+``url`` may be a list of nodes of one cluster (docs/scale_out.md): the client connects to the
+first and, whenever a connection fails before it syncs, tries the next.
 A delta out of order triggers a ``resync`` request. An intent the server refused (a
 server-authority rule, docs/protocol.md) is counted in ``refused`` by rule and passed to
 ``on_refused(msg)``; where the server says the player stands (a snapshot, an admin move, a
@@ -24,7 +26,7 @@ import asyncio
 import contextlib
 import random
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
@@ -58,14 +60,17 @@ class Client:
     they arrive (:mod:`server_sync.transport.ws_io`), so callbacks must not block.
     """
 
-    def __init__(self, url: str, token: str | Callable[[], str], *,
+    def __init__(self, url: str | Sequence[str], token: str | Callable[[], str], *,
                  position: tuple[float, float] | None = None, codec: Codec = "msgpack",
                  on_change: Callable[[Change], None] | None = None,
                  on_message: Callable[[dict[str, Any], int], None] | None = None,
                  on_refused: Callable[[dict[str, Any]], None] | None = None,
                  backoff_initial_s: float = 0.2, backoff_max_s: float = 10.0,
                  seed: int | None = None, open_timeout_s: float = 10.0) -> None:
-        self.url = url
+        self.urls = [url] if isinstance(url, str) else list(url)
+        if not self.urls:
+            raise ValueError("Client needs a url (or a list of node urls)")
+        self.url = self.urls[0]  # the node of the next connection
         self._token = token
         self.position = position
         self.codec: Codec = codec
@@ -149,6 +154,8 @@ class Client:
                 break
             if self._got_snapshot:
                 attempt = 0  # the last connection worked: start the backoff over
+            elif self.url in self.urls:  # this node failed us: try the next one
+                self.url = self.urls[(self.urls.index(self.url) + 1) % len(self.urls)]
             delay = self._rng.uniform(0, min(self.backoff_max_s,
                                              self.backoff_initial_s * 2 ** attempt))
             attempt += 1

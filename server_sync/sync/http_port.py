@@ -76,6 +76,7 @@ class _Collector:
         for code, n in sorted(srv.errors.items()):
             errors.add_metric([code], n)
         yield errors
+        yield from srv.extra_metrics()
 
 
 def _tick_ms(server: SyncServer, clear: bool) -> dict[str, Any]:

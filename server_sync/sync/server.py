@@ -22,10 +22,12 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import Histogram
+from prometheus_client.core import Metric
 
 from ..transport.gate import GateConfig, GateConn, GatedServer, RateBucket, close_with, ws_frame
 from ..transport.wire import PROTOCOL_VERSION, Codec, ProtocolError
@@ -68,11 +70,13 @@ class SyncServer(GatedServer):
 
     protocol_version = PROTOCOL_VERSION
     schema_name = "sync"
+    #: the core class (a cluster node serves a subclass: server_sync.cluster.node)
+    core_class: type[SyncCore] = SyncCore
 
     def __init__(self, world: SyncWorld, config: ServerConfig, store: Store | None = None) -> None:
         super().__init__(config)
         self.config: ServerConfig = config
-        self.core = SyncCore(world, radius=config.radius, ring_size=config.ring_size,
+        self.core = self.core_class(world, radius=config.radius, ring_size=config.ring_size,
                              grace_s=config.grace_s, store=store,
                              snapshot_every_s=config.snapshot_every_s,
                              max_speed=config.max_speed, move_burst_s=config.move_burst_s,
@@ -125,6 +129,10 @@ class SyncServer(GatedServer):
         await self.stop()
 
     # ---- health --------------------------------------------------------------------------
+    def extra_metrics(self) -> Iterator[Metric]:
+        """Metrics a subclass adds to /metrics (none here)."""
+        return iter(())
+
     def health(self) -> dict[str, Any]:
         reasons = []
         period = 1.0 / self.config.tick_hz

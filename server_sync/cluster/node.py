@@ -1,0 +1,153 @@
+"""One cluster node: :class:`ClusterCore` and :class:`ClusterServer` over a ClusterWorld.
+
+:func:`build_node` is what ``flashnpc serve --redis URL`` runs: it connects to Redis, wraps
+the world every node builds the same in a :class:`~server_sync.cluster.cluster_world.ClusterWorld`,
+checks the world's fingerprint against the other nodes', and returns a
+:class:`ClusterServer` journaling into a :class:`~server_sync.cluster.store.RedisStore`.
+
+A client may connect to any node. Each node's core has its own epoch, so a client that
+resumes on another node gets a snapshot (the protocol's rule) and re-sends its
+unacknowledged intents; :meth:`ClusterCore.hello` first reads the player's highest applied
+``cseq`` and durable position from Redis, so intents another node already applied are
+acknowledged, not applied twice, and the player continues where it durably is.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from ..sync.core import Session, SyncCore
+from ..sync.persistence import StoreError
+from ..sync.server import ServerConfig, SyncServer
+from ..sync.world import TreeWorld
+from ..transport.wire import PROTOCOL_VERSION, Codec, ProtocolError
+from .backplane import Backplane
+from .cluster_world import ClusterWorld
+from .keys import Keys
+from .leases import LeaseTable
+from .store import RedisStore
+
+__all__ = ["ClusterCore", "ClusterServer", "build_node", "connect_redis"]
+
+log = logging.getLogger("flashnpc.cluster")
+
+
+class ClusterCore(SyncCore):
+    """:class:`~server_sync.sync.core.SyncCore` whose hellos start from the player's durable
+    state in Redis (module docstring); everything else is the single-node core."""
+
+    store: RedisStore
+
+    def hello(self, player_id: str, msg: dict[str, Any], codec: Codec) -> Session:
+        if msg["v"] == PROTOCOL_VERSION and self.unavailable is None:
+            try:
+                floor, pos = self.store.player_state(player_id)
+            except StoreError as exc:
+                raise ProtocolError("unavailable", f"the server cannot read the world now "
+                                                   f"({exc}); try again later") from None
+            s = self.sessions.get(player_id)
+            if s is not None and floor > s.acked:
+                self.drop(s)  # another node served the player since: this session is stale
+            self._cseq_floor[player_id] = max(floor, self._cseq_floor.get(player_id, 0))
+            if player_id not in self.sessions and pos is not None:
+                self.world.set_player(player_id, pos)  # _spawn: where the player durably is
+        return super().hello(player_id, msg, codec)
+
+
+class ClusterServer(SyncServer):
+    """A :class:`~server_sync.sync.server.SyncServer` node of a cluster: /health adds the
+    node's areas and Redis state, /metrics the ``flashnpc_cluster_*`` metrics."""
+
+    core_class = ClusterCore
+
+    def __init__(self, world: ClusterWorld, config: ServerConfig, store: RedisStore) -> None:
+        super().__init__(world, config, store)  # type: ignore[arg-type]
+        self.cluster = world
+
+    def health(self) -> dict[str, Any]:
+        h = super().health()
+        status = self.cluster.status()
+        if status["redis_error"] is not None and self.core.unavailable is None:
+            h["reasons"].append(f"Redis unreachable, nothing ticks: {status['redis_error']}")
+            h["status"] = "degraded"
+        h["cluster"] = status
+        return h
+
+    def extra_metrics(self) -> Iterator[Metric]:
+        w = self.cluster
+        yield GaugeMetricFamily("flashnpc_cluster_areas_owned", "areas this node simulates",
+                                value=len(w.owned))
+        yield GaugeMetricFamily("flashnpc_cluster_remote_players",
+                                "players of other nodes this node mirrors",
+                                value=len(w.remote_players))
+        yield GaugeMetricFamily("flashnpc_cluster_redis_available",
+                                "1 while this node's last Redis round trip worked, else 0",
+                                value=0 if w.error is not None else 1)
+        for name, doc, value in (
+            ("takeovers", "areas this node acquired", w.takeovers_total),
+            ("releases", "areas this node handed to a preferred node", w.releases_total),
+            ("areas_lost", "areas another node took over from this one", w.areas_lost_total),
+            ("mirror_entries", "change-stream entries of other nodes applied",
+             w.mirror_entries_total),
+            ("mirror_reloads", "times the mirrors were reloaded from the durable view",
+             w.mirror_reloads_total),
+            ("intents_forwarded", "talks forwarded to the intent stream of another area",
+             w.intents_forwarded_total),
+            ("intents_consumed", "intents of other nodes' clients applied here",
+             w.intents_consumed_total),
+            ("redis_errors", "ticks whose Redis round trip failed", w.redis_errors_total),
+            ("commits", "tick commits written to Redis", self.store.commits_total),  # type: ignore[union-attr]
+        ):
+            yield CounterMetricFamily(f"flashnpc_cluster_{name}", doc, value=value)
+
+
+def connect_redis(url: str, *, timeout_s: float = 0.5) -> Any:
+    """A redis-py client for ``url`` that never retries on its own (a retried script could
+    run twice) and gives up after ``timeout_s``; ValueError for a malformed URL."""
+    try:
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+    except ImportError as exc:  # an extra: single-node serving does not need it
+        raise ValueError(f"--redis needs redis-py (pip install 'flashnpc[redis]'): {exc}") from exc
+    try:
+        return redis.Redis.from_url(url, socket_timeout=timeout_s,
+                                    socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 0),
+                                    decode_responses=True)
+    except ValueError as exc:
+        raise ValueError(f"--redis {url}: {exc}") from None
+
+
+def build_node(world: Any, config: ServerConfig, redis_url: str, *, node_id: str | None = None,
+               area_size: float = 250.0, lease_ms: int = 2000,
+               prefix: str = "flashnpc") -> ClusterServer:
+    """A cluster node serving ``world`` (a TreeWorld, the same on every node) through the
+    Redis at ``redis_url`` (module docstring). ValueError for a world a cluster cannot serve,
+    a world that differs from the other nodes', or Redis that cannot be reached."""
+    if not isinstance(world, TreeWorld):
+        raise ValueError("--redis serves tree worlds (--world sim:...); the plugin village "
+                         "runs on one node")
+    node = node_id or f"node-{uuid.uuid4().hex[:8]}"
+    if not node or any(c in node for c in " \t\n"):
+        raise ValueError(f"--node-id {node!r}: no spaces")
+    r = connect_redis(redis_url)
+    keys = Keys(prefix)
+    backplane = Backplane(r, keys, node)
+    cworld = ClusterWorld(world, backplane, LeaseTable(r, keys, node, lease_ms),
+                          area_size=area_size)
+    from .cluster_world import REDIS_ERRORS
+
+    try:
+        backplane.join(cworld.fingerprint())
+        aof = r.config_get("appendonly").get("appendonly")
+    except REDIS_ERRORS as exc:
+        raise ValueError(f"cannot reach Redis at {redis_url}: {exc}") from None
+    if aof != "yes":
+        log.warning("Redis at %s runs without appendonly: an acknowledged intent survives a "
+                    "node crash but not a Redis crash (docs/scale_out.md)", redis_url)
+    return ClusterServer(cworld, config, RedisStore(cworld, redis_url))
