@@ -124,6 +124,17 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "or auto: ort on a CPU, torch on a GPU (with --dialogue)")
     parser.add_argument("--model-dir", default=None,
                         help="exported model for --dialogue (default: the shipped model)")
+    parser.add_argument("--model", action="append", default=[], metavar="NAME=DIR",
+                        help="also serve this exported model (a fine-tune) as NAME; repeatable; "
+                             "sessions pick one with open_session's 'model' (with --dialogue)")
+    parser.add_argument("--fallback-model", default=None, metavar="NAME",
+                        help="the loaded model that serves non-essential sessions while their "
+                             "model is short of capacity (default: authored lines; with --dialogue)")
+    parser.add_argument("--capacity-hit-rate", type=float, default=0.6, metavar="RATE",
+                        help="shed a model's non-essential sessions while its prefix-cache hit "
+                             "rate stays under RATE (0..1, default 0.6; 0: never; with --dialogue)")
+    parser.add_argument("--capacity-window", type=float, default=30.0, metavar="SECONDS",
+                        help="the capacity rule's sliding window (default 30 s; with --dialogue)")
     parser.add_argument("--dialogue-port", type=int, default=8767,
                         help="dialogue WebSocket port (with --dialogue)")
     parser.add_argument("--dialogue-http-port", type=int, default=8768,
@@ -207,7 +218,7 @@ async def _serve(args: argparse.Namespace, secret: bytes) -> None:
         await dialogue.start()
         print(f"flashnpc serve: dialogue ws://{args.host}:{dialogue.port}  "
               f"http://{args.host}:{dialogue.http_port}  ({args.device}, max batch "
-              f"{args.max_batch})", flush=True)
+              f"{args.max_batch}; models {', '.join(dialogue.service.models)})", flush=True)
         ready += f" {dialogue.port} {dialogue.http_port}"
     if args.ready_file:
         with open(args.ready_file + ".tmp", "w") as f:
@@ -226,7 +237,7 @@ async def _serve(args: argparse.Namespace, secret: bytes) -> None:
 
 def _dialogue_server(args: argparse.Namespace, secret: bytes) -> Any:
     try:
-        from runtime.serving.dialogue_service import DialogueService
+        from runtime.serving.model_router import CapacityRule, ModelRouter, parse_model_specs
     except ImportError as exc:  # torch is an extra: a game client never installs it
         raise ValueError(f"--dialogue needs PyTorch (pip install 'flashnpc[gpu]'; on the "
                          f"project machines torch==2.13.0): {exc}") from exc
@@ -235,8 +246,12 @@ def _dialogue_server(args: argparse.Namespace, secret: bytes) -> Any:
 
     if args.cpu_threads < 1:
         raise ValueError(f"--cpu-threads must be >= 1, got {args.cpu_threads}")
-    service = DialogueService.load(args.model_dir, device=args.device, max_batch=args.max_batch,
-                                   engine=args.engine, cpu_threads=args.cpu_threads)
+    models = parse_model_specs(args.model, args.model_dir)
+    capacity = CapacityRule(min_hit_rate=args.capacity_hit_rate, window_s=args.capacity_window,
+                            fallback_model=args.fallback_model)
+    capacity.check_models(list(models))  # before the models load
+    service = ModelRouter.load(models, capacity=capacity, device=args.device, max_batch=args.max_batch,
+                               engine=args.engine, cpu_threads=args.cpu_threads)
     return DialogueServer(service, DialogueConfig(
         secret=secret, host=args.host, port=args.dialogue_port,
         http_port=None if args.dialogue_http_port < 0 else args.dialogue_http_port,

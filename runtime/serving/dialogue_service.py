@@ -117,6 +117,7 @@ class DialogueLine:
     attempts: int = 1
     cached_tokens: int = 0
     router_confidence: float | None = None
+    served_by: str | None = None  # set by runtime.serving.model_router: a model's name or "authored"
 
 
 @dataclass
@@ -211,6 +212,57 @@ class CircuitBreaker:
             self._window.popleft()
 
 
+class PrefixHitWindow:
+    """The prefix-cache hit rate of one engine over a sliding time window: the prefix tokens
+    found in the block cache divided by those looked up, summed over the requests whose lookup
+    happened in the last ``window_s`` seconds (each engine result counts once, a resample too).
+
+    :meth:`rate` is None (unknown, not zero) while the window holds fewer than ``min_requests``
+    lookups, or for an engine without a prefix cache (the onnxruntime engine): nothing is
+    recorded then. :class:`runtime.serving.model_router.ModelRouter`'s capacity rule reads it."""
+
+    def __init__(self, *, window_s: float = 30.0, min_requests: int = 20,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not window_s > 0 or min_requests < 1:
+            raise ValueError(f"PrefixHitWindow: need window_s > 0 and min_requests >= 1, got "
+                             f"{window_s!r}, {min_requests!r}")
+        self.window_s, self.min_requests, self.clock = window_s, min_requests, clock
+        self._window: deque[tuple[float, int, int]] = deque()
+        self._queried = self._hits = 0
+        self._lock = threading.Lock()
+
+    def record(self, queried: int, hits: int) -> None:
+        """One lookup: ``queried`` cacheable prompt tokens, ``hits`` of them found."""
+        if queried <= 0:
+            return
+        with self._lock:
+            now = self.clock()
+            self._window.append((now, queried, hits))
+            self._queried += queried
+            self._hits += hits
+            self._trim(now)
+
+    def rate(self) -> float | None:
+        """Hit tokens / queried tokens over the window, or None with too few lookups in it."""
+        with self._lock:
+            self._trim(self.clock())
+            if len(self._window) < self.min_requests:
+                return None
+            return self._hits / self._queried
+
+    def snapshot(self) -> dict[str, Any]:
+        rate = self.rate()
+        with self._lock:
+            return {"hit_rate": rate, "requests": len(self._window), "window_s": self.window_s,
+                    "min_requests": self.min_requests}
+
+    def _trim(self, now: float) -> None:
+        while self._window and now - self._window[0][0] > self.window_s:
+            _, q, h = self._window.popleft()
+            self._queried -= q
+            self._hits -= h
+
+
 class ServiceMetrics(EngineMetrics):
     """:class:`EngineMetrics` plus the serving metrics (see the module docstring)."""
 
@@ -237,7 +289,7 @@ class ServiceMetrics(EngineMetrics):
                               registry=r).labels(model_name)
         self.breaker = Gauge("flashnpc_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open.", labels,
                              registry=r).labels(model_name)
-        for reason in ("breaker_open",):
+        for reason in ("breaker_open", "capacity"):
             self._fallbacks.labels(model_name, reason)
 
     def prefix_query(self, tokens: int, hit: bool) -> None:  # pragma: no cover - tiered: use cache_delta
@@ -319,7 +371,8 @@ class DialogueService:
                  latency_budget_ms: float = 300.0, breaker: CircuitBreaker | None = None,
                  max_tokens: int = 48, temperature: float = 0.8, top_k: int = 50, top_p: float = 0.95,
                  repeat_window: int = 8, max_resamples: int = 1, min_mean_logprob: float | None = -5.0,
-                 name: str = "flash", cpu_threads: int | None = 1, warm_up: bool = True) -> None:
+                 name: str = "flash", cpu_threads: int | None = 1, warm_up: bool = True,
+                 prefix_window: PrefixHitWindow | None = None) -> None:
         if max_queue < 0 or max_sessions < 1 or default_deadline_ms <= 0:
             raise ValueError("DialogueService: need max_queue >= 0, max_sessions >= 1, default_deadline_ms > 0")
         self.engine = engine
@@ -338,6 +391,7 @@ class DialogueService:
         self.memory = RepeatMemory(repeat_window)
         self.max_resamples = max_resamples
         self.min_mean_logprob = min_mean_logprob
+        self.prefix_window = prefix_window or PrefixHitWindow()
         self.metrics = ServiceMetrics(name)
         self.registry = self.metrics.registry
         self.metrics.set_active_params_percent(active_params_percent(vars(engine.config)))
@@ -483,10 +537,17 @@ class DialogueService:
     def close_session(self, session_id: str) -> None:
         """Close a session; its pending requests are answered with fallback lines (``cancelled``)."""
         s = self.session(session_id)
-        for p in [p for p in self._pending if p.session is s]:
-            self._finish_fallback(p, "cancelled")
+        self.cancel_requests(s)
         del self._sessions[session_id]
         self.metrics.sessions.set(len(self._sessions))
+
+    def cancel_requests(self, session: Session) -> int:
+        """Answer ``session``'s pending requests here with fallback lines (``cancelled``); returns
+        how many. For a session this service serves without holding it (see :meth:`request_line`)."""
+        mine = [p for p in self._pending if p.session is session]
+        for p in mine:
+            self._finish_fallback(p, "cancelled")
+        return len(mine)
 
     def session(self, session_id: str) -> Session:
         try:
@@ -500,18 +561,31 @@ class DialogueService:
 
     # ------------------------------------------------------------ requests
 
-    async def request_line(self, session_id: str, intent: str, *, context: Mapping[str, str] | None = None,
+    async def request_line(self, session_id: str | Session, intent: str, *,
+                           context: Mapping[str, str] | None = None,
                            seed: int | None = None, deadline_ms: float | None = None,
                            max_tokens: int | None = None, critical: bool = False, batch: bool = True,
-                           on_piece: Callable[[str], None] | None = None) -> DialogueLine:
+                           on_piece: Callable[[str], None] | None = None,
+                           authored: str | None = None) -> DialogueLine:
         """A line for the session's NPC answering ``intent``. Never raises for a valid request
         except :class:`Busy` (queue full); model trouble gives a fallback line. ``on_piece``:
         called with each new piece of text as it decodes (streaming); the pieces concatenate to
         the returned text unless it is a fallback. ``critical`` requests bypass an open breaker;
-        ``batch=False`` runs in the opt-out lane."""
+        ``batch=False`` runs in the opt-out lane. ``authored``: answer with an authored line
+        at once, without the model, ``fallback_reason`` set to this (the capacity rule's
+        ``capacity``).
+
+        ``session_id`` may also be a :class:`Session` this service does not hold (another
+        model's, served here by the capacity rule's fallback model): its archetype, persona,
+        state and context must be this model's, else ValueError; :meth:`cancel_requests` ends
+        its requests when it closes."""
         if not self._started or self._loop is None:
             raise RuntimeError("DialogueService.start() has not been awaited")
-        p = self._prepare(session_id, intent, context, seed, deadline_ms, max_tokens, critical, batch, on_piece)
+        s = session_id if isinstance(session_id, Session) else self.session(session_id)
+        p = self._prepare(s, intent, context, seed, deadline_ms, max_tokens, critical, batch, on_piece)
+        if authored is not None:
+            self._finish_fallback(p, authored)
+            return await p.future
         if not self.breaker.allow(critical):
             self._finish_fallback(p, "breaker_open")
             self._update_breaker_gauge()
@@ -558,14 +632,19 @@ class DialogueService:
         self._update_breaker_gauge()
         return {"status": "ok" if snap["state"] == "closed" else "degraded", "breaker": snap,
                 "sessions": len(self._sessions), "running": self.engine.num_running,
-                "waiting": self.engine.num_waiting, "in_flight": len(self._pending)}
+                "waiting": self.engine.num_waiting, "in_flight": len(self._pending),
+                "prefix_cache": self.prefix_window.snapshot()}
 
     def exposition(self) -> bytes:
         """The service's metrics in the Prometheus text format."""
+        self.refresh_gauges()
+        return self.metrics.exposition()
+
+    def refresh_gauges(self) -> None:
+        """Set the gauges that are read on demand (running, waiting, breaker) before a scrape."""
         self.metrics.running.set(sum(lane.engine.num_running for lane in self._lanes.values()))
         self.metrics.waiting.set(sum(lane.engine.num_waiting for lane in self._lanes.values()))
         self._update_breaker_gauge()
-        return self.metrics.exposition()
 
     # ------------------------------------------------------------ internals
 
@@ -576,10 +655,9 @@ class DialogueService:
                 raise ValueError(f"slot value for {k!r} must be a string, got {v!r}")
         self.tokenizer.encode_prompt(npc, persona, state, self.catalog["intents"][0], closed)
 
-    def _prepare(self, session_id: str, intent: str, context: Mapping[str, str] | None, seed: int | None,
+    def _prepare(self, s: Session, intent: str, context: Mapping[str, str] | None, seed: int | None,
                  deadline_ms: float | None, max_tokens: int | None, critical: bool, batch: bool,
                  on_piece: Callable[[str], None] | None) -> _Pending:
-        s = self.session(session_id)
         ctx = {**s.context, **(context or {})}
         closed = {k: v for k, v in ctx.items() if k not in self._slot_ids}
         slot_values = {**self.slot_defaults, **{k: v for k, v in ctx.items() if k in self._slot_ids}}
@@ -652,7 +730,14 @@ class DialogueService:
     def _on_results(self, results: list[GenResult]) -> None:
         for res in results:
             p = res.request.tag
-            if not isinstance(p, _Pending) or p.future.done():
+            if not isinstance(p, _Pending):
+                continue
+            cache = self._lanes[p.lane].engine.block_cache
+            if cache is not None and res.finish not in ("error", "cancelled"):
+                # what the engine looked up: the prompt's full blocks before its last token
+                bt = cache.block_tokens
+                self.prefix_window.record((len(res.request.ids) - 1) // bt * bt, res.cached_tokens)
+            if p.future.done():
                 continue
             if res.finish == "error":
                 self.breaker.record(False, (time.perf_counter() - p.t0) * 1e3)

@@ -78,6 +78,9 @@ DIALOGUE = Protocol("dialogue", "FlashNPC dialogue protocol", DIALOGUE_PROTOCOL_
     Message("open_session", {
         "rid": _RID, "archetype": F(_ID), "state": F(_ID),
         "persona": F(_PERSONA, False), "context": F(_CONTEXT, False),
+        "model": F(_ID, False, "the served model to use (default 'base')"),
+        "essential": F(Bool(), False, "false: the capacity rule may serve it by a fallback model "
+                                      "or authored lines (default true)"),
     }, "open a dialogue session with one NPC"),
     Message("request_line", {
         "rid": _RID, "session": _SESSION, "intent": F(Str(MAX_INTENT_LEN)),
@@ -101,7 +104,8 @@ DIALOGUE = Protocol("dialogue", "FlashNPC dialogue protocol", DIALOGUE_PROTOCOL_
 ], server=[
     Message("welcome", {"v": F(Int(1)), "player": F(_ID, doc="the token's subject")},
             "the hello was accepted"),
-    Message("session", {"rid": _RID, "session": _SESSION}, "answers open_session"),
+    Message("session", {"rid": _RID, "session": _SESSION,
+                        "model": F(_ID, False, "the model serving the session")}, "answers open_session"),
     Message("piece", {"rid": _RID, "text": F(_TEXT)}, "streamed text of a request_line"),
     Message("line", {
         "rid": _RID, "session": _SESSION, "text": F(_TEXT),
@@ -110,6 +114,7 @@ DIALOGUE = Protocol("dialogue", "FlashNPC dialogue protocol", DIALOGUE_PROTOCOL_
         "tokens": F(Int(), doc="decoded tokens"),
         "latency_ms": F(Num()), "ttft_ms": F(Nullable(Num())),
         "cached_tokens": F(Int(), False),
+        "served_by": F(_ID, False, "the model that produced the text, or 'authored'"),
     }, "the finished line"),
     Message("ok", {"rid": _RID}, "answers update_state and close_session"),
     Message("busy", {"rid": _RID, "retry_after_ms": F(Int())}, "not taken: ask again later"),

@@ -14,9 +14,15 @@ A request the service cannot take (queue full) is answered ``busy`` with the ser
 ``retry_after_ms``; anything the model has trouble with comes back as a ``line`` with
 ``fallback: true`` (the service never fails a valid request otherwise).
 
-HTTP (aiohttp, ``http_port``): ``/health`` (200 ``ready`` or 503 ``degraded``, with the
-service's breaker state) and ``/metrics`` (the server's counters followed by the service's
-registry, Prometheus text format).
+HTTP (aiohttp, ``http_port``): ``/health`` (200 ``ready`` or 503 ``degraded``, with each
+model's breaker state under ``service.models``) and ``/metrics`` (the server's counters
+followed by every model's registry, labelled ``model_name``, Prometheus text format).
+
+Several models (:class:`runtime.serving.model_router.ModelRouter`): ``open_session`` may name
+one (``model``, default ``base``; unknown: ``invalid_request`` listing the known ones) and mark
+the session ``essential: false`` (the capacity rule may serve it by a fallback model or with
+authored lines); the ``session`` reply names the model and every ``line`` says what produced
+it (``served_by``).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.serving.dialogue_service import Busy, DialogueLine, DialogueService, SessionNotFound
+from runtime.serving.model_router import ModelRouter
 
 from ..transport.gate import GateConfig, GateConn, GatedServer
 from ..transport.wire import Codec
@@ -59,15 +66,17 @@ class _Conn(GateConn):
 
 
 class DialogueServer(GatedServer):
-    """Serve ``service`` (already loaded; the server starts and closes it) per ``config``."""
+    """Serve ``service`` (already loaded; the server starts and closes it) per ``config``: a
+    :class:`runtime.serving.model_router.ModelRouter` over several models, or one
+    :class:`DialogueService`, served as the router's only model, ``base``."""
 
     protocol_name = "dialogue protocol"
     schema_name = "dialogue"
     protocol_version = DIALOGUE_PROTOCOL_VERSION
 
-    def __init__(self, service: DialogueService, config: DialogueConfig) -> None:
+    def __init__(self, service: DialogueService | ModelRouter, config: DialogueConfig) -> None:
         super().__init__(config)
-        self.service = service
+        self.service = service if isinstance(service, ModelRouter) else ModelRouter({"base": service})
         self.config: DialogueConfig = config
         self.conns: set[_Conn] = set()  # authenticated connections
         self.messages: Counter[str] = Counter()
@@ -112,12 +121,14 @@ class DialogueServer(GatedServer):
         await self.stop()
 
     def health(self) -> dict[str, Any]:
-        """``degraded`` (with reasons) while the service's breaker is not closed."""
+        """``degraded`` (with reasons) while any model's breaker is not closed."""
         svc = self.service.health()
         reasons = []
-        if svc["status"] != "ok":
-            b = svc["breaker"]
-            reasons.append(f"dialogue breaker {b.get('state')}: {b.get('reason') or 'see breaker'}")
+        for name, model in svc["models"].items():
+            if model["status"] != "ok":
+                b = model["breaker"]
+                reasons.append(f"model {name}: dialogue breaker {b.get('state')}: "
+                               f"{b.get('reason') or 'see breaker'}")
         return {"status": "degraded" if reasons else "ready", "reasons": reasons,
                 "clients": len(self.conns), "service": svc}
 
@@ -194,7 +205,8 @@ class DialogueServer(GatedServer):
             self.service.open_session(msg["archetype"], state=msg["state"],
                                       persona=msg.get("persona", ()),
                                       context=msg.get("context"), player_id=conn.player,
-                                      session_id=sid)
+                                      session_id=sid, model=msg.get("model", "base"),
+                                      essential=msg.get("essential", True))
         except Busy as exc:
             self._busy(conn, rid, exc.retry_after_ms)
             return
@@ -202,7 +214,8 @@ class DialogueServer(GatedServer):
             self._request_error(conn, rid, "invalid_request", f"open_session: {exc}")
             return
         conn.sessions.add(sid)
-        self._send(conn, {"t": "session", "rid": rid, "session": sid})
+        self._send(conn, {"t": "session", "rid": rid, "session": sid,
+                          "model": self.service.model_of(sid)})
 
     def _update_state(self, conn: _Conn, msg: dict[str, Any]) -> None:
         try:
@@ -218,7 +231,7 @@ class DialogueServer(GatedServer):
         if rid in conn.inflight:
             self._request_error(conn, rid, "duplicate_rid", f"request {rid} is still in flight")
         elif len(conn.inflight) >= self.config.max_inflight_per_conn:
-            self._busy(conn, rid, self.service.retry_after_ms())
+            self._busy(conn, rid, self.service.retry_after_ms(msg["session"]))
         else:
             task = asyncio.get_running_loop().create_task(self._line(conn, msg))
             conn.inflight[rid] = task
@@ -265,7 +278,7 @@ class DialogueServer(GatedServer):
         out: dict[str, Any] = {"t": "line", "rid": rid, "session": sid, "text": line.text,
                                "fallback": line.fallback, "tokens": len(line.tokens),
                                "latency_ms": line.latency_ms, "ttft_ms": line.ttft_ms,
-                               "cached_tokens": line.cached_tokens}
+                               "cached_tokens": line.cached_tokens, "served_by": line.served_by}
         if line.fallback_reason is not None:
             out["fallback_reason"] = line.fallback_reason
         self._send(conn, out)
