@@ -24,7 +24,7 @@ refresh the shipped model, name ``runtime/assets/flash`` yourself. The ``export`
 its other forms are :mod:`mobile_export.cli`'s; it calls :func:`add_export_onnx_arguments` and
 :func:`run_export_onnx` for this one.
 
-``--json`` (train, export onnx) prints the figures as one JSON object on stdout instead of the
+``--json`` (train, export onnx, finetune) prints the figures as one JSON object on stdout instead of the
 text; progress bars go to stderr (``--no-progress``, or ``train --quiet``, turns them off).
 
 Everything heavy (torch, the model factory) is imported inside the commands, so the
@@ -60,7 +60,8 @@ DEFAULT_CHECKPOINT = Path("runs/flash")
 
 # errors the `flashnpc` dispatcher reports as one line (module:class, resolved once loaded)
 EXPECTED_ERRORS = ("runtime.client.errors:ModelLoadError", "runtime.factory.export:ExportError",
-                   "runtime.factory.linebook:LineBookError", "runtime.factory.blind:RatingsError")
+                   "runtime.factory.linebook:LineBookError", "runtime.factory.blind:RatingsError",
+                   "runtime.factory.finetune:FinetuneError")
 
 
 def add_output_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -380,6 +381,7 @@ def add_finetune_arguments(parser: argparse.ArgumentParser) -> None:
     from runtime.factory.finetune import add_arguments
 
     add_arguments(parser)
+    add_output_arguments(parser)
 
 
 def run_finetune(args: argparse.Namespace) -> int:

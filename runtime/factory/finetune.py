@@ -33,7 +33,6 @@ import csv
 import json
 import math
 import re
-import sys
 import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -563,12 +562,16 @@ class FinetuneConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        """Bad settings are a :class:`FinetuneError` naming the setting (``--replay``, ...)."""
         if self.mode not in ("adapters", "full"):
-            raise ValueError(f"mode must be 'adapters' or 'full', got {self.mode!r}")
+            raise FinetuneError(f"--mode must be 'adapters' or 'full', got {self.mode!r}")
         if not 0.0 <= self.replay < 1.0:
-            raise ValueError(f"replay must be in [0, 1), got {self.replay!r}")
-        if self.rank < 1 or self.batch_size < 1 or (self.steps is not None and self.steps < 1):
-            raise ValueError("rank, batch_size and steps must be positive")
+            raise FinetuneError(f"--replay must be in [0, 1), got {self.replay!r}")
+        for name, value in (("rank", self.rank), ("batch_size", self.batch_size), ("steps", self.steps)):
+            if value is not None and value < 1:
+                raise FinetuneError(f"--{name.replace('_', '-')} must be >= 1, got {value!r}")
+        if not self.epochs > 0 or (self.lr is not None and not self.lr > 0):
+            raise FinetuneError(f"--epochs and --lr must be > 0, got {self.epochs!r} and {self.lr!r}")
 
     @property
     def learning_rate(self) -> float:
@@ -803,26 +806,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all, at most 8)")
     parser.add_argument("--force", action="store_true", help="export even when routing has failed")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
 def run(args: argparse.Namespace) -> int:
-    """``flashnpc finetune``."""
+    """``flashnpc finetune`` (its ``--json`` / ``--no-progress`` are ``runtime.cli``'s
+    :func:`~runtime.cli.add_output_arguments`). Bad input raises :class:`FinetuneError`,
+    which the ``flashnpc`` dispatcher prints as one line (exit 1, as for a refused export)."""
     import os
 
-    import torch
+    from runtime.console import print_json
 
-    torch.set_num_threads(args.threads or min(os.cpu_count() or 1, 8))
+    cfg = FinetuneConfig(mode=args.mode, epochs=args.epochs, steps=args.steps, rank=args.rank, lr=args.lr,
+                         replay=args.replay, seed=args.seed, force=args.force)
+    if args.threads is not None and args.threads < 1:
+        raise FinetuneError(f"--threads must be >= 1, got {args.threads}")
     try:
-        cfg = FinetuneConfig(mode=args.mode, epochs=args.epochs, steps=args.steps, rank=args.rank, lr=args.lr,
-                             replay=args.replay, seed=args.seed, force=args.force)
-        report = finetune(args.base, args.lines, args.out, cfg, progress=not args.no_progress)
-    except (FinetuneError, ValueError) as exc:
-        print(f"flashnpc finetune: error: {exc}", file=sys.stderr)
-        return 1 if isinstance(exc, RoutingRefused) else 2
+        import torch
+    except ModuleNotFoundError:
+        raise FinetuneError("fine-tuning needs torch: pip install torch==2.13.0 && pip install -e '.[train]'") from None
+    torch.set_num_threads(args.threads or min(os.cpu_count() or 1, 8))
+    report = finetune(args.base, args.lines, args.out, cfg, progress=not args.no_progress)
     if args.json:
-        print(json.dumps(report, indent=2))
+        print_json(report)
         return 0
     rc = report["router_confidence"]
     print(f"{report['counts']['lines']} lines ({report['counts']['heldout']} held out), added "
