@@ -42,3 +42,19 @@ async def test_a_client_gets_the_deltas_of_an_npc_another_node_simulates(redis_s
         assert a.cluster.intents_consumed_total == 1 and b.cluster.intents_forwarded_total == 1
         await client.close()
         await task
+
+
+async def test_a_node_exposes_its_cluster_metrics_and_each_is_documented(redis_server):
+    from pathlib import Path
+
+    from server_sync.sync.http_port import _Collector
+
+    async with cluster_node(redis_server.url, "a") as a:
+        await until(lambda: len(a.cluster.owned) == len(a.cluster.areas), 20, "all areas owned")
+        families = {f.name: f for f in _Collector(a).collect()}
+    cluster = {n: f for n, f in families.items() if n.startswith("flashnpc_cluster_")}
+    assert cluster["flashnpc_cluster_areas_owned"].samples[0].value == 4
+    assert cluster["flashnpc_cluster_takeovers"].samples[0].value == 4
+    doc = (Path(__file__).parents[3] / "docs" / "metrics.md").read_text()
+    for name, f in cluster.items():
+        assert f"`{name}_total`" in doc if f.type == "counter" else f"`{name}`" in doc, name
