@@ -39,7 +39,8 @@ counts: after ``. , ! ? ; :`` and any spaces no token may start with one of them
 that make a three-dot ellipsis exactly (``..`` only goes on to a third dot, and a line never ends
 on it); no space before a mark; no mark and no lower-case letter at the line's start or, after
 ``. ! ?`` and a space, at a sentence's start (a capital, a slot, a quote or a digit may start
-one). And no doubled word (``WordState.echo``: the last word or slot, while only spaces follow
+one); no apostrophe right after a slot (the game's text fills it: "{location}'s" would read
+"the fields's"). And no doubled word (``WordState.echo``: the last word or slot, while only spaces follow
 it): a word being spelled that is the echo may not end, a slot may not follow itself, and the
 token that would start the repeat is blocked where it could never end (the line's last token, a
 trie leaf). Tables per shape (and the repeat's few cases per state) are built at load and
@@ -133,21 +134,22 @@ class WordState(NamedTuple):
 # runtime.factory.text_metrics.glitches counts: two of ". , ! ? ; :" in a row (spaces between or
 # not) other than an ellipsis of exactly three dots, a space before one of them, a mark at the
 # line's start, a lower-case letter starting the line or a sentence (after ". ! ?" and spaces).
-_START, _OTHER, _SPACE, _DOT1, _DOT2, _END, _PAUSE, _SENT = range(8)  # WordState.shape
-_SPACE_C, _DOT_C, _END_C, _PAUSE_C, _LOWER_C, _OTHER_C = range(6)  # character classes
+_START, _OTHER, _SPACE, _DOT1, _DOT2, _END, _PAUSE, _SENT, _SLOTTED = range(9)  # WordState.shape
+_SPACE_C, _DOT_C, _END_C, _PAUSE_C, _LOWER_C, _OTHER_C, _APOS_C, _SLOT_C = range(8)  # character classes
 _X = -1  # no move: a glitch
 _SHAPE_NEXT: tuple[tuple[int, ...], ...] = (
-    # space      .       ! ?     , ; :   a-z     other
-    (_START, _X, _X, _X, _X, _OTHER),           # _START: the line's start (spaces only so far)
-    (_SPACE, _DOT1, _END, _PAUSE, _OTHER, _OTHER),  # _OTHER: after a word, a slot, a quote...
-    (_SPACE, _X, _X, _X, _OTHER, _OTHER),       # _SPACE: spaces after a word, or after , ; :
-    (_SENT, _DOT2, _X, _X, _OTHER, _OTHER),     # _DOT1: "." after a word
-    (_X, _END, _X, _X, _X, _X),                 # _DOT2: "..": only a third dot (which ends like "!")
-    (_SENT, _X, _X, _X, _OTHER, _OTHER),        # _END: after "!", "?" or "..."
-    (_SPACE, _X, _X, _X, _OTHER, _OTHER),       # _PAUSE: after ",", ";" or ":"
-    (_SENT, _X, _X, _X, _X, _OTHER),            # _SENT: a sentence's start (". ! ?" and spaces)
+    # space      .       ! ?     , ; :   a-z     other   '       slot
+    (_START, _X, _X, _X, _X, _OTHER, _OTHER, _SLOTTED),           # _START: the line's start (spaces only so far)
+    (_SPACE, _DOT1, _END, _PAUSE, _OTHER, _OTHER, _OTHER, _SLOTTED),  # _OTHER: after a word, a quote...
+    (_SPACE, _X, _X, _X, _OTHER, _OTHER, _OTHER, _SLOTTED),       # _SPACE: spaces after a word, or after , ; :
+    (_SENT, _DOT2, _X, _X, _OTHER, _OTHER, _OTHER, _SLOTTED),     # _DOT1: "." after a word
+    (_X, _END, _X, _X, _X, _X, _X, _X),                           # _DOT2: "..": only a third dot (which ends like "!")
+    (_SENT, _X, _X, _X, _OTHER, _OTHER, _OTHER, _SLOTTED),        # _END: after "!", "?" or "..."
+    (_SPACE, _X, _X, _X, _OTHER, _OTHER, _OTHER, _SLOTTED),       # _PAUSE: after ",", ";" or ":"
+    (_SENT, _X, _X, _X, _X, _OTHER, _OTHER, _SLOTTED),            # _SENT: a sentence's start (". ! ?" and spaces)
+    (_SPACE, _DOT1, _END, _PAUSE, _OTHER, _OTHER, _X, _SLOTTED),  # _SLOTTED: right after a slot: no "'" glued to it
 )
-TEXT_RULES = ("double_punct", "space_before_punct", "lowercase_start", "double_word")
+TEXT_RULES = ("double_punct", "space_before_punct", "lowercase_start", "double_word", "slot_possessive")
 """The glitch kinds of :func:`runtime.factory.text_metrics.glitches` that the masks make impossible
 (with a vocabulary, ``stutter`` is too: every word is the book's)."""
 
@@ -161,6 +163,10 @@ def _char_class(c: str) -> int:
         return _END_C
     if c in ",;:":
         return _PAUSE_C
+    if c == "'":
+        return _APOS_C
+    if c == _SLOT_CHAR:
+        return _SLOT_C
     return _LOWER_C if _is_letter(c) else _OTHER_C
 
 
@@ -178,7 +184,7 @@ MID_LINE = WordState(shape=_OTHER)
 
 
 _Group = tuple[int, int, np.ndarray]  # (hit tags, need tags, tokens)
-_Ids = tuple[int, ...]  # token ids in a table (made into an array when they go into a group)
+_Ids = np.ndarray  # token ids in a table (int64), as a group holds them
 
 
 def _selected(groups: Iterable[_Group], ban: int) -> list[np.ndarray]:
@@ -215,7 +221,7 @@ class _Tagged:
             table: dict[tuple[int, bool], list[int]] = {}
             for t, node, a in zip(*self.leaving):
                 table.setdefault((node, bool(a)), []).append(t)
-            self._at = {k: tuple(v) for k, v in table.items()}
+            self._at = {k: np.asarray(v, dtype=np.int64) for k, v in table.items()}
         return self._at
 
     def select(self, ban: int) -> np.ndarray:
@@ -351,7 +357,7 @@ class WordConstraint:
         self._parts = _Memo(2 * max_states)  # word parts (small), by trie node, mode and last
         self._plans = _Memo(2 * max_states)  # a state's request-independent mask, by state and last
         self._per_ban = _Memo(max_states)  # per request: its whole-read tokens (by template id), made on first use
-        self._rules = _Memo(2 * max_states)  # the text rules' tokens, by (node, mode, shape, echo, last)
+        self._rules = _Memo(2 * max_states)  # the doubled-word rule's tokens, by (node, mode, echo, last, shape?)
         self._fixed: dict[Hashable, Any] = {}  # per mode: whole-token groups, exact tokens
 
     # ------------------------------------------------------------ building
@@ -1071,23 +1077,25 @@ class WordConstraint:
         out = [toks for hit, need, toks in plan.groups if hit & ban and not need & free]
         if whole:
             out += whole
-        key = (state[0], state[1], state[3], state[4], last)
-        rule = self._rules.peek(key)
-        if rule is None:
-            rule = self._rules.get(key, lambda: self._rule_part(state, last))
-        if len(rule):
-            out.append(rule)
+        if self.text_rules:
+            shaped = self._shape_block[last][state[3]]
+            if len(shaped):
+                out.append(shaped)
+            if state[4] >= 0 or state[1] != _BOUNDARY or self._exact_any:
+                key = (state[0], state[1], state[4], last, state[3] if self._exact_any else -1)
+                rule = self._rules.peek(key)
+                if rule is None:
+                    rule = self._rules.get(key, lambda: self._rule_part(state, last))
+                if len(rule):
+                    out.append(rule)
         return plan.mask, out
 
     def _rule_part(self, state: WordState, last: bool) -> np.ndarray:
-        """The tokens the text rules block in ``state`` (:data:`TEXT_RULES`; the phrase state
-        plays no part): its shape's, and the doubled words' (:meth:`_echo_block`)."""
-        parts = [self._shape_block[last][state.shape]]
-        if not self.text_rules:
-            return parts[0][:0]
-        if state.echo >= 0 or state.mode != _BOUNDARY or self._exact_any:
-            parts += self._echo_block(state, last)
-        out = np.unique(np.concatenate(parts)) if len(parts) > 1 else parts[0]
+        """The tokens the doubled-word rule blocks in ``state`` (:meth:`_echo_block`; the
+        phrase state plays no part, nor does the shape but for tokens read out one by one): the
+        text rules' part besides the shape's, which is a table (``_shape_block``)."""
+        parts = self._echo_block(state, last)
+        out = _joined(parts)
         out.flags.writeable = False
         return out
 
@@ -1269,7 +1277,7 @@ class WordConstraint:
         for t, n in stuck:
             groups.setdefault((self._vocab_bit, n), []).append(t)
         return _Tagged(tuple((h, n, np.asarray(ts, dtype=np.int64)) for (h, n), ts in groups.items()),
-                       {w: [(n, tuple(ts)) for n, ts in d.items()] for w, d in by_word.items()})
+                       {w: [(n, np.asarray(ts, dtype=np.int64)) for n, ts in d.items()] for w, d in by_word.items()})
 
     def _ways(self, toks: Sequence[int], nodes: Sequence[int], needs: Sequence[int]) -> _Tagged:
         """The dead-end rule for tokens that leave a word being spelled at trie ``nodes`` with
@@ -1399,8 +1407,8 @@ class WordConstraint:
 
 
 def _ids(toks: _Ids) -> np.ndarray:
-    """Token ids kept as a tuple (a table's many small entries), as the array a group holds."""
-    return np.asarray(toks, dtype=np.int64)
+    """Token ids of a table entry, as the array a group holds (the entry itself)."""
+    return toks
 
 
 def _joined(parts: Sequence[np.ndarray]) -> np.ndarray:
@@ -1568,7 +1576,8 @@ class Constraints:
 VETO = 0.5
 
 
-def vetoed(raw: np.ndarray, masked: np.ndarray, threshold: float = VETO) -> bool:
+def vetoed(raw: np.ndarray, masked: np.ndarray, threshold: float = VETO, *,
+           state: WordState | None = None) -> bool:
     """Whether a sample should be abandoned rather than steered: the model's most likely next
     token (``raw``, the unmasked logits row) is one the constraints block (-inf in ``masked``)
     and holds more than ``threshold`` of the probability at temperature 1.
@@ -1576,14 +1585,35 @@ def vetoed(raw: np.ndarray, masked: np.ndarray, threshold: float = VETO) -> bool
     Then the line is heading for something the book never says for this request (another
     trait's "I'm hopeless with words", a hostile "No one trusts you" for an honored player);
     masking that one token would force an unlikely one and the line would derail into word
-    salad, so the engines end the sample as ``blocked`` and draw another, and a fallback
-    after the last attempt.
+    salad, so the engines end the sample as ``blocked`` and draw another (from its last
+    sentence end: :func:`restart_point`), and a fallback after the last attempt.
+
+    ``state`` (the row's :class:`WordState`, optional): in the middle of an ellipsis (``..``,
+    which only a third dot may follow) nothing is vetoed: the masks leave that dot, which is
+    what the book writes, so steering there derails nothing.
     """
+    if state is not None and state.shape == _DOT2:
+        return False
     top = int(np.argmax(raw))
     if np.isfinite(masked[top]):
         return False
     z = raw.astype(np.float64, copy=False)
     return float(1.0 / np.exp(z - z[top]).sum()) > threshold
+
+
+def restart_point(states: Sequence[WordState]) -> int:
+    """Where a sample the constraints stopped (a veto or a dead end) is drawn again from, given
+    ``states[i]``, the state after each of its tokens (the last one the state where it stopped):
+    the number of its first tokens that end at its last sentence end before that (``.``, ``!``,
+    ``?`` or ``...`` after a word, at a word boundary), which are kept;
+    0 when there is none (the line is drawn again from its start). The sentence under way when
+    the sample stopped is the one heading for what the book never says for the request, so only
+    it is drawn again; the sentences before it were allowed word by word."""
+    for k in range(len(states) - 1, 0, -1):
+        s = states[k - 1]
+        if s.mode == _BOUNDARY and s.shape in (_DOT1, _END):
+            return k
+    return 0
 
 
 def constraints_file(path: Path) -> Constraints:
@@ -1669,5 +1699,5 @@ def stop_index(text: str, stops: Sequence[str]) -> int:
 
 __all__ = ["MID_LINE", "TEXT_RULES", "BannedWordMask", "Constraints", "RepeatMemory", "SlotRules", "WordConstraint",
            "WordState",
-           "check_sampling", "constraints_file", "fill_slots", "normalise_line", "read_constraints", "settled_text", "stop_index",
-           "unfilled_slots", "usable"]
+           "check_sampling", "constraints_file", "fill_slots", "normalise_line", "read_constraints", "restart_point",
+           "settled_text", "stop_index", "unfilled_slots", "usable", "vetoed"]

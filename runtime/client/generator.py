@@ -48,7 +48,7 @@ from collections.abc import (
     Sequence,
 )
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,7 @@ from runtime.client.constraints import (
     fill_slots,
     normalise_line,
     read_constraints,
+    restart_point,
     settled_text,
     stop_index,
     usable,
@@ -185,6 +186,7 @@ class _Row:
     budget: int
     tokens: list[int] = field(default_factory=list)
     state: WordState = field(default_factory=WordState)
+    states: list[WordState] = field(default_factory=list)  # the state after each token
     router: list[np.ndarray] = field(default_factory=list)  # [n_moe, n_expert] per token fed
     scored: list[np.ndarray] = field(default_factory=list)  # the logits each token was drawn from
     ttft: float | None = None
@@ -635,6 +637,14 @@ class LineGenerator:
         room = self.model.block_size - len(prep.ids)
         return _Row(prep, np.random.default_rng(seed), max(0, min(prep.req.max_tokens, room)))
 
+    def _resumed_row(self, prev: _Row, keep: int, seed: int | list[int]) -> _Row:
+        """A row that goes on from the first ``keep`` tokens of ``prev`` (their keys and values
+        computed again in the prefill, on top of the cached prefix), with a new ``seed``."""
+        prep = replace(prev.prep, ids=[*prev.prep.ids, *prev.tokens[:keep]])
+        return _Row(prep, np.random.default_rng(seed), prev.budget, tokens=prev.tokens[:keep],
+                    state=prev.states[keep - 1], states=prev.states[:keep], router=prev.router[:keep],
+                    scored=prev.scored[:keep], ttft=prev.ttft)
+
     def _serve(self, prep: _Prepared, cancelled: Callable[[], bool] | None = None,
                first: _Row | None = None) -> Line:
         """The line for one request: model lines (resampled on repeats), else a fallback."""
@@ -668,11 +678,14 @@ class LineGenerator:
             return
         reason = "unusable"
         row = first
+        why: str | None = None
         for attempt in range(self.max_resamples + 1):
             gate = _StreamGate(self, prep) if stream else None
             if not (first is not None and attempt == 0):
                 seed = prep.seed if attempt == 0 else [prep.seed, attempt]
-                row = self._new_row(prep, seed)
+                # a sample the constraints stopped is drawn again from its last sentence end
+                keep = restart_point(row.states) if row is not None and why == "blocked" else 0
+                row = self._resumed_row(row, keep, seed) if row is not None and keep else self._new_row(prep, seed)
                 try:
                     for _tok in self._decode([row], cancelled=cancelled):
                         if gate is not None:
@@ -948,8 +961,11 @@ class LineGenerator:
                 return None, False
             tok = self._sample(r, row_logits, eos)
             if tok is None and (r.state.mode or r.vetoed):
-                # a dead end inside a word: the line ends at its last complete word
-                r.finish, r.cut = "blocked", len(settled_text(self.tokenizer.decode(r.tokens)))
+                # a dead end inside a word, or a veto: the line ends at its last complete word;
+                # at the budget's last token that is where it ends anyway (length), else the
+                # sample is drawn again (blocked)
+                last = len(r.tokens) + 1 >= r.budget
+                r.finish, r.cut = "length" if last else "blocked", len(settled_text(self.tokenizer.decode(r.tokens)))
                 return None, False
             if tok is None or tok == eos:
                 r.finish = "eos"
@@ -957,6 +973,7 @@ class LineGenerator:
             r.tokens.append(tok)
             r.scored.append(row_logits)
             r.state = self.mask.step(r.state, tok)
+            r.states.append(r.state)
             if r.prep.req.stop:
                 cut = stop_index(self.tokenizer.decode(r.tokens), r.prep.req.stop)
                 if cut >= 0:
@@ -986,7 +1003,7 @@ class LineGenerator:
         if r.prep.slot_block is not None:
             row[r.prep.slot_block] = -np.inf
         # judged before min_tokens holds eos back: a line asked to go on is not derailing
-        if vetoed(logits, row):
+        if vetoed(logits, row, state=r.state):
             r.vetoed = True
             return None
         if n < r.prep.req.min_tokens:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.client.constraints import WordConstraint, settled_text
+from runtime.client.constraints import WordConstraint, WordState, restart_point, settled_text
 from runtime.client.onnx_model import FlashOnnx
 from runtime.factory.linebook import Example, LineBook, load_line_book
 from runtime.factory.state_classifier import NgramClassifier
@@ -107,6 +107,14 @@ class Sampler:
             self._blocked[key] = np.array([i for i in self._control if i not in allowed], dtype=np.int64)
         return self._blocked[key]
 
+    def states(self, ids: Sequence[int]) -> list[WordState]:
+        """The word constraints' state after each of ``ids`` (a line from its start)."""
+        out, state = [], WordState()
+        for t in ids:
+            state = self.words.step(state, t)
+            out.append(state)
+        return out
+
     def sample(self, requests: Sequence[Request], seed: int) -> list[str]:
         tok = self.model.tokenizer
         prompts = [tok.encode_prompt(a, p, s, i, c)[0] for a, p, s, i, c in requests]
@@ -114,20 +122,33 @@ class Sampler:
         blocked = [self.blocked_ids(a, s, i) for a, _p, s, i, _c in requests]
         banned = [self.words.banned_bits(a, p, c, static=False) for a, p, _s, _i, c in requests]
         ids: list[list[int]] = [[] for _ in requests]
+        keep = [0] * len(requests)  # tokens kept from the attempt before (restart_point)
         todo = list(range(len(requests)))
-        # a sample the constraints stop (a dead end or a veto) is drawn again, as the engine
-        # does (max_resamples = 2); where the engine would then fall back, the last attempt's
-        # whole words are kept, so those count against the model
+        # a sample the constraints stop (a dead end or a veto) is drawn again from its last
+        # sentence end, as the engine does (max_resamples = 2; the kept tokens go on as part of
+        # the prompt and the new sentence starts as a line starts, with no phrase under way: the
+        # engine goes on from the kept tokens' own state); where the engine would then
+        # fall back, the last attempt's whole words are kept, so those count against the model
         for attempt in range(3):
             stopped = [False] * len(todo)
-            got = generate_ids_batch(
-                self.model, [prompts[k] for k in todo], seeds=[seeds[k] + 7919 * attempt for k in todo],
-                blocked=[blocked[k] for k in todo], max_tokens=self.cfg.max_tokens,
-                temperature=self.cfg.temperature, top_p=self.cfg.top_p, words=self.words,
-                banned=[banned[k] for k in todo], stopped=stopped)
+            got: list[list[int]] = [[] for _ in todo]
+            by_keep: dict[int, list[int]] = {}
+            for j, k in enumerate(todo):
+                by_keep.setdefault(keep[k], []).append(j)
+            for kept, js in sorted(by_keep.items()):
+                flags = [False] * len(js)
+                out = generate_ids_batch(
+                    self.model, [prompts[todo[j]] + ids[todo[j]][:kept] for j in js],
+                    seeds=[seeds[todo[j]] + 7919 * attempt for j in js], blocked=[blocked[todo[j]] for j in js],
+                    max_tokens=self.cfg.max_tokens - kept, temperature=self.cfg.temperature, top_p=self.cfg.top_p,
+                    words=self.words, banned=[banned[todo[j]] for j in js], stopped=flags)
+                for j, x, flag in zip(js, out, flags):
+                    got[j], stopped[j] = ids[todo[j]][:kept] + x, flag
             for k, x in zip(todo, got):
                 ids[k] = x
             todo = [k for k, flag in zip(todo, stopped) if flag]
+            for k in todo:
+                keep[k] = restart_point(self.states(ids[k]))
             if not todo:
                 break
         texts = [tok.decode(x) for x in ids]

@@ -375,6 +375,12 @@ class LineBook:
         for slot in sorted(slots):
             if slot not in self.slots:
                 raise where.error(f"unknown slot {{{slot}}}; known slots: {self.slots}")
+        glued = _SLOT_GLUED_RE.search(text)
+        if glued:
+            raise where.error(
+                f"{glued.group(0)!r} in {text!r}: a possessive or contraction glued to a slot; the game "
+                f"fills {{{glued.group(1)}}} with its own text, which can end in 's' or be a phrase "
+                f"(\"the fields's\"): rephrase it (\"{{{glued.group(1)}}} is ...\", \"the way to {{{glued.group(1)}}}\")")
         src = _Source(template, where, frozenset(slots), frozenset(refs))
         self._sources.append(src)
         return src
@@ -1238,6 +1244,7 @@ class _Env:
 
 
 _SPACE_RE = re.compile(r"\s+")
+_SLOT_GLUED_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}['\u2019][A-Za-z]*")
 _SPACE_PUNCT_RE = re.compile(r"\s+([,.!?;:])")
 _SENTENCE_RE = re.compile(r"(^|[.!?]\s+)([a-z])")
 
@@ -1253,7 +1260,8 @@ def _normalize(text: str) -> str:
 def lint_line(text: str) -> str | None:
     """Why an expanded line reads as a template artifact, or None: the first of the glitches
     :func:`runtime.factory.text_metrics.glitches` finds (doubled punctuation, a doubled word, "a" before
-    a vowel, ...; not "stutter", which is about words outside the book), the same measure
+    a vowel, an apostrophe glued to a slot, ...; not "stutter", which is about words outside the
+    book), the same measure
     ``flashnpc eval`` applies to model lines. Expansion drops
     such lines; :meth:`LineBook.lint` lists them with the fragments they came from."""
     found = [k for k in glitches(text) if k != "stutter"]  # the book's own words are words

@@ -60,12 +60,13 @@ def slot_violations(text: str, allowed: set[str]) -> set[str]:
 # apostrophe; ``{slot}`` markers are not words (and no phrase runs across one).
 
 GLITCH_KINDS = ("double_punct", "double_word", "stutter", "space_before_punct", "lowercase_start",
-                "a_an")
+                "a_an", "slot_possessive")
 _PUNCT_RUN = re.compile(r"[.,!?;:](?:\s*[.,!?;:])+")
 _SPACE_PUNCT = re.compile(r"\s[.,!?;:]")
 _LOWER_START = re.compile(r"(?:^|[.!?]\s+)[a-z]")
 _REPEATED_CHUNK = re.compile(r"([a-z]{2,})\1|([a-z])\2\2")
 _A_AN = re.compile(r"\b(a|an) ([a-z]+)")
+_SLOT_GLUED = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}['\u2019]")
 _AN_BEFORE = ("hour", "honest", "honor", "honour", "heir", "herb")  # a silent h
 _A_BEFORE = ("one", "once", "use", "usu", "uni", "eur", "ewe")  # a vowel letter, a consonant sound
 
@@ -106,7 +107,10 @@ def glitches(text: str, vocabulary: Collection[str] = ()) -> list[str]:
     * ``lowercase_start``: the line or a sentence (after ``. ! ?`` and a space) starts with a
       lower-case letter;
     * ``a_an``: "a" before a vowel or "an" before a consonant ("a oaf", "an wretch"), save the
-      usual exceptions ("an hour", "a one").
+      usual exceptions ("an hour", "a one");
+    * ``slot_possessive``: an apostrophe glued to a ``{slot}`` marker (``"{location}'s way"``):
+      the game fills the slot with its own text, which can end in "s" or be a phrase ("the
+      fields's way", "a lantern'll do").
     """
     found = set()
     if any(run.group(0) != "..." for run in _PUNCT_RUN.finditer(text)):
@@ -122,6 +126,8 @@ def glitches(text: str, vocabulary: Collection[str] = ()) -> list[str]:
         found.add("lowercase_start")
     if _a_an_wrong(text):
         found.add("a_an")
+    if _SLOT_GLUED.search(text):
+        found.add("slot_possessive")
     return [k for k in GLITCH_KINDS if k in found]
 
 

@@ -194,6 +194,20 @@ def test_slot_tokens_start_a_sentence_and_are_never_doubled():
     assert words.advance(WordState(), "{item} {item}", final=True) is None
 
 
+def test_no_apostrophe_is_glued_to_a_slot():
+    """The game fills a slot with its own text ("the fields"): "{location}'s" would read "the
+    fields's", so no token may start with an apostrophe right after a slot token."""
+    tok, words = TOK, WORDS
+    location = tok.id_of("<slot:location>")
+    state = walk(words, [*ids(tok, "Try", " "), location])
+    for glued in ("'s", "'"):
+        assert words.blocked(state)[tok.encode(glued)[0]], glued
+    assert not words.blocked(state)[ids(tok, " ")[0]] and not words.blocked(state)[ids(tok, ",")[0]]
+    assert words.advance(MID_LINE, "try {location}'s way") is None
+    assert words.advance(MID_LINE, "try {location}, it's that way", final=True) is not None
+    assert glitches("Try {location}'s way.") == ["slot_possessive"] and not glitches("Try {location}, it's near.")
+
+
 def test_a_word_is_never_doubled():
     tok, words = TOK, WORDS
     the, space, comma = ids(tok, " the", " ", ",")

@@ -344,3 +344,23 @@ def test_slot_defaults_name_known_slots_and_plain_text(tmp_path: Path) -> None:
     assert err.field == "slot_defaults.item" and "unknown slot 'item'" in err.problem
     err = error_for(tmp_path, MINI + "slot_defaults:\n  player: '[address]'\n")
     assert err.field == "slot_defaults.player" and "plain text" in err.problem
+
+
+@pytest.mark.parametrize("glued", ["{player}'s", "{player}'ll", "{player}\u2019s"])
+def test_a_possessive_or_contraction_glued_to_a_slot_is_refused_at_its_line(tmp_path: Path, glued: str) -> None:
+    """The game fills a slot with its own text ("the fields", "Silas"): "{location}'s way" would
+    read "the fields's way", so the book refuses it where it is written."""
+    text = MINI.replace('greet: ["Hello, {player}."]', f'greet: ["Hello, {glued} friend."]')
+    err = error_for(tmp_path, text)
+    assert err.line == line_of(text, glued) and "glued to a slot" in err.problem
+    assert load_line_book(write(tmp_path, MINI.replace('"Hello, {player}."', '"Hello, {player}, my friend."')))
+
+
+def test_a_fragment_that_glues_an_apostrophe_to_a_slot_is_dropped_as_an_artifact(tmp_path: Path) -> None:
+    """A slot followed by a group whose fragment starts with "'s" is only glued once expanded:
+    the lint drops those lines and names the fragments."""
+    text = MINI.replace('greet: ["Hello, {player}."]', 'greet: ["Hello, {player}[poss]."]').replace(
+        "replies:", "phrases:\n  poss: [\"'s friend\", \", my friend\"]\nreplies:", 1)
+    book = load_line_book(write(tmp_path, text))
+    assert any(p.problem == "slot possessive" for p in book.lint())
+    assert not any("}'" in e.text for e in book.examples())

@@ -67,7 +67,9 @@ def test_words_are_lower_case_and_leave_slot_markers_out():
     ("Halt! who goes there?", ["lowercase_start"]),
     ("Halt! I've a oaf for a son.", ["a_an"]),
     ("Halt! An hour, a one-eyed rogue, an oaf.", []),
-    ("Halt,, the the woororor , gate. who is a oaf", list(GLITCH_KINDS)),
+    ("Halt! {location}'s that way, and {player}'ll follow.", ["slot_possessive"]),
+    ("Halt! {location} is that way, {player}. It's near.", []),
+    ("Halt,, the the woororor , gate. who is a oaf at {location}'s", list(GLITCH_KINDS)),
 ])
 def test_glitches_name_each_kind_once(text, kinds):
     assert glitches(text, VOCAB) == kinds
