@@ -94,6 +94,8 @@ class ClusterWorld:
         self._consumed_dirty: set[str] = set()
         self._mirroring = False
         self._next_maintain = 0.0
+        #: the owned trees do not tick (``/admin/freeze``); the streams are still followed
+        self.frozen = False
         # counters (exported as flashnpc_cluster_* metrics)
         self.takeovers_total = 0
         self.releases_total = 0
@@ -228,7 +230,8 @@ class ClusterWorld:
             else:
                 self._forward.append((area, {"npc": npc, "player": player, "intent": intent}))
                 self.intents_forwarded_total += 1
-        self.inner.step(dt)
+        if not self.frozen:
+            self.inner.step(dt)
 
     def take_commit(self) -> Commit:
         """What this tick publishes (the store adds players' cseq and positions): the local

@@ -58,6 +58,18 @@ class ClusterCore(SyncCore):
                 self.world.set_player(player_id, pos)  # _spawn: where the player durably is
         return super().hello(player_id, msg, codec)
 
+    def tick(self, dt: float, now: float) -> list[Session]:
+        """The core's tick; while :attr:`frozen` (``/admin/freeze``) only the owned trees
+        stop: the mirrors keep following the stream and the leases stay renewed, so frozen
+        nodes converge on one world (the load test compares them)."""
+        frozen = self.frozen
+        self.world.frozen = frozen
+        self.frozen = False
+        try:
+            return super().tick(dt, now)
+        finally:
+            self.frozen = frozen
+
 
 class ClusterServer(SyncServer):
     """A :class:`~server_sync.sync.server.SyncServer` node of a cluster: /health adds the

@@ -58,3 +58,15 @@ async def test_a_node_exposes_its_cluster_metrics_and_each_is_documented(redis_s
     doc = (Path(__file__).parents[3] / "docs" / "metrics.md").read_text()
     for name, f in cluster.items():
         assert f"`{name}_total`" in doc if f.type == "counter" else f"`{name}`" in doc, name
+
+
+async def test_frozen_nodes_stop_their_trees_but_keep_following_the_stream(redis_server):
+    async with cluster_node(redis_server.url, "a") as a, cluster_node(redis_server.url, "b") as b:
+        await until(lambda: all_owned(a, b), 20, "both nodes own areas")
+        b.core.frozen = True  # b first: a's trees still change the world meanwhile
+        ticks = b.core.ticks
+        await until(lambda: b.core.ticks > ticks + 25, 10, "b ticks on, frozen")
+        a.core.frozen = True
+        states = lambda n: {i: n.core.world.npc_state(i) for i in n.core.world.npc_ids()}  # noqa: E731
+        await until(lambda: states(a) == states(b), 10, "b mirrors what a did before it froze")
+        assert b.core.frozen and b.cluster.frozen
