@@ -606,6 +606,16 @@ def _plot(report: dict[str, Any], path: Path) -> None:
     b.set_ylabel("connected clients")
     b.set_xlabel("seconds into the run")
     c = report["config"]
+    if c.get("kill_node_at") is not None and report.get("killed_node"):
+        t0 = c["kill_node_at"]
+        for ax in (a, b):
+            ax.axvline(t0, color="tab:red", linestyle="--")
+            if report.get("takeover_s"):
+                ax.axvspan(t0, t0 + report["takeover_s"], color="tab:red", alpha=0.12)
+        a.text(t0, a.get_ylim()[1] * 0.8, f" {report['killed_node']} killed (kill -9); "
+               f"areas taken over in {report.get('takeover_s') or 0:.2f} s", color="tab:red",
+               fontsize=8)
+    b.set_ylim(0, max([r["connected"] for r in tl] + [1]) * 1.15)
     fig.suptitle(f"flashnpc loadtest sync: {c['clients']} clients, churn {c['churn']}, "
                  f"{report['state_changes_per_s']:.0f} changes/s")
     fig.tight_layout()
