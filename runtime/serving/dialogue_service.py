@@ -34,6 +34,9 @@ What it guarantees:
   uses as many.
 - **Batching opt-out.** ``batch=False`` requests run in a separate lane (their own engine over
   the same weights, one sequence at a time), never sharing a batch with others.
+- **Prefix-cache window** (:class:`PrefixHitWindow`): the block cache's hit rate over the
+  lookups of the last 30 s, which :mod:`runtime.serving.model_router`'s capacity rule reads;
+  ``authored=REASON`` answers a request with an authored line without the model.
 - **Lines as the client engine makes them**: the same masks (banned words, slot rules), the same
   checks (no words, a guessing model's low mean log-probability, repeats of the NPC's recent
   lines, resampled with a new seed), free-text slots filled after decoding, authored
@@ -60,7 +63,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import torch
@@ -361,7 +364,24 @@ class _Lane:
                 svc._post(svc._on_step, tokens, results)
 
 
-class DialogueService:
+class StartClose:
+    """``async with x:`` awaits ``x.start()`` on entry and ``x.close()`` on exit."""
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class DialogueService(StartClose):
     """Dialogue sessions over a :class:`BatchedEngine`; see the module docstring."""
 
     def __init__(self, engine: BatchedEngine, *, fallbacks: FallbackBook, catalog: Mapping[str, Any],
@@ -495,13 +515,6 @@ class DialogueService:
             if lane.thread.is_alive():
                 await asyncio.to_thread(lane.thread.join, 5.0)
         self._started = False
-
-    async def __aenter__(self) -> DialogueService:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     # ------------------------------------------------------------ sessions
 
@@ -839,4 +852,4 @@ class _Raise:
 
 
 __all__ = ["BREAKER_STATES", "Busy", "CircuitBreaker", "DialogueLine", "DialogueService", "ServiceMetrics",
-           "Session", "SessionNotFound"]
+           "Session", "SessionNotFound", "StartClose"]

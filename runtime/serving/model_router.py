@@ -71,6 +71,7 @@ from runtime.serving.dialogue_service import (
     PrefixHitWindow,
     Session,
     SessionNotFound,
+    StartClose,
 )
 
 __all__ = ["AUTHORED", "BASE", "MODEL_FILES", "CapacityRule", "ModelRouter", "UnknownModel",
@@ -153,7 +154,7 @@ class _Route:
     session: Session
 
 
-class ModelRouter:
+class ModelRouter(StartClose):
     """Sessions routed to one of several :class:`DialogueService`\\ s; see the module docstring.
 
     It has the service methods the dialogue server uses (``start``, ``close``,
@@ -207,13 +208,6 @@ class ModelRouter:
     async def close(self) -> None:
         for svc in self.services.values():
             await svc.close()
-
-    async def __aenter__(self) -> ModelRouter:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     # ------------------------------------------------------------ sessions
 
