@@ -139,6 +139,28 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="dialogue WebSocket port (with --dialogue)")
     parser.add_argument("--dialogue-http-port", type=int, default=8768,
                         help="dialogue /health and /metrics port (with --dialogue; -1: none)")
+    parser.add_argument("--worker-id", default=None,
+                        help="this dialogue worker's id, sent in the welcome's 'worker' field "
+                             "(with --dialogue behind a front: per-worker figures)")
+    f = parser.add_argument_group("dialogue front (--front; see docs/dialogue_front.md)")
+    f.add_argument("--front", action="store_true",
+                   help="no world server: render the nginx config for --workers, poll their "
+                        "/health, mark unhealthy ones down and reload nginx")
+    f.add_argument("--workers", default=None, metavar="HOST:PORT:HTTP_PORT,...",
+                   help="the dialogue workers: WebSocket port and /health port of each")
+    f.add_argument("--front-listen", default="127.0.0.1:8080", metavar="HOST:PORT",
+                   help="where nginx listens for clients (default 127.0.0.1:8080)")
+    f.add_argument("--nginx-conf", default=None, metavar="PATH",
+                   help="the config file to write (e.g. /etc/nginx/conf.d/flashnpc-dialogue.conf; "
+                        "default with --run-nginx: DIR/flashnpc-dialogue.conf)")
+    f.add_argument("--nginx-reload", default="nginx -s reload", metavar="CMD",
+                   help="how to reload the system's nginx (default 'nginx -s reload')")
+    f.add_argument("--run-nginx", default=None, metavar="DIR",
+                   help="start a private nginx with its pid, logs and config in DIR (stopped on exit)")
+    f.add_argument("--health-interval", type=float, default=1.0, metavar="S",
+                   help="seconds between /health polls (default 1)")
+    f.add_argument("--print-conf", action="store_true",
+                   help="print the nginx config for --workers and exit")
 
 
 def build_world(spec: str | None, *, npcs: int = 10, seed: int = 0) -> Any:
@@ -256,7 +278,7 @@ def _dialogue_server(args: argparse.Namespace, secret: bytes) -> Any:
         secret=secret, host=args.host, port=args.dialogue_port,
         http_port=None if args.dialogue_http_port < 0 else args.dialogue_http_port,
         max_frame=args.max_frame, rate_per_s=args.rate, rate_burst=2 * args.rate,
-        max_outbound_bytes=args.max_outbound, **_token_settings(args)))
+        max_outbound_bytes=args.max_outbound, worker_id=args.worker_id, **_token_settings(args)))
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -265,6 +287,8 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.print_schemas:
         print_schemas()
         return 0
+    if args.front or args.print_conf:
+        return _run_front(args)
     try:
         secret = secret_from_env()
     except ValueError as exc:
@@ -277,6 +301,51 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         aio.run(_serve(args, secret), loop=args.loop)
     except (ValueError, FileNotFoundError, OSError) as exc:
+        print(f"flashnpc serve: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run_front(args: argparse.Namespace) -> int:
+    """``flashnpc serve --front`` (and ``--print-conf``): see server_sync.dialogue.front."""
+    from pathlib import Path
+
+    from .dialogue import front
+
+    try:
+        if not args.workers:
+            raise ValueError("--front needs --workers HOST:PORT:HTTP_PORT,...")
+        if not args.health_interval > 0:
+            raise ValueError(f"--health-interval must be > 0, got {args.health_interval}")
+        config = front.FrontConfig(front.parse_workers(args.workers),
+                                   listen=front.parse_listen(args.front_listen))
+    except ValueError as exc:
+        print(f"flashnpc serve: error: {exc}", file=sys.stderr)
+        return 2
+    if args.print_conf:
+        print(front.render_conf(config), end="")
+        return 0
+    logging.basicConfig(level=logging.WARNING)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+
+        def ready() -> None:
+            print(f"flashnpc serve: dialogue front ws://{args.front_listen} over "
+                  f"{len(config.workers)} workers", flush=True)
+            if args.ready_file:
+                front.write_atomic(Path(args.ready_file), f"{config.listen[1]}\n")
+
+        await front.run_front(config, conf_path=Path(args.nginx_conf) if args.nginx_conf else None,
+                              nginx_prefix=Path(args.run_nginx) if args.run_nginx else None,
+                              reload_cmd=args.nginx_reload, interval_s=args.health_interval,
+                              ready=ready, stop=stop)
+
+    try:
+        aio.run(main(), loop=args.loop)
+    except (ValueError, OSError, front.NginxError) as exc:
         print(f"flashnpc serve: error: {exc}", file=sys.stderr)
         return 1
     return 0

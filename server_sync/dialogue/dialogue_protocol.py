@@ -102,7 +102,8 @@ DIALOGUE = Protocol("dialogue", "FlashNPC dialogue protocol", DIALOGUE_PROTOCOL_
             "cancel a request_line: it is answered error cancelled"),
     _BYE,
 ], server=[
-    Message("welcome", {"v": F(Int(1)), "player": F(_ID, doc="the token's subject")},
+    Message("welcome", {"v": F(Int(1)), "player": F(_ID, doc="the token's subject"),
+                        "worker": F(_ID, False, "the worker's id (serve --worker-id), behind a front")},
             "the hello was accepted"),
     Message("session", {"rid": _RID, "session": _SESSION,
                         "model": F(_ID, False, "the model serving the session")}, "answers open_session"),

@@ -55,6 +55,7 @@ class DialogueConfig(GateConfig):
     http_port: int | None = 8768
     max_sessions_per_conn: int = 64
     max_inflight_per_conn: int = 16
+    worker_id: str | None = None  # sent in welcome's `worker` (behind a front: who holds the connection)
 
 
 @dataclass(eq=False)
@@ -154,7 +155,10 @@ class DialogueServer(GatedServer):
     def welcome(self, conn: GateConn, hello: dict[str, Any]) -> None:
         assert isinstance(conn, _Conn)
         self.conns.add(conn)
-        self._send(conn, {"t": "welcome", "v": DIALOGUE_PROTOCOL_VERSION, "player": conn.player})
+        welcome = {"t": "welcome", "v": DIALOGUE_PROTOCOL_VERSION, "player": conn.player}
+        if self.config.worker_id is not None:
+            welcome["worker"] = self.config.worker_id
+        self._send(conn, welcome)
 
     def handle(self, conn: GateConn, msg: dict[str, Any]) -> None:
         """Every client message but hello/bye is answered exactly once, with its ``rid``:
