@@ -418,6 +418,11 @@ def add_loadtest_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--deadline-ms", type=int, default=1000, help="deadline of each request")
     g.add_argument("--slo-ttft-ms", type=float, default=200.0, help="goodput SLO on TTFT")
     g.add_argument("--slo-e2el-ms", type=float, default=1000.0, help="goodput SLO on E2EL")
+    g.add_argument("--front", default=None, metavar="URL",
+                   help="ws:// URL of a dialogue front (nginx before workers): start no server, "
+                        "report per worker (tokens signed with $FLASHNPC_SECRET)")
+    g.add_argument("--workers-http", default="", metavar="URL,...",
+                   help="with --front: the workers' http:// bases, whose /health the report keeps")
 
 
 def run_loadtest(args: argparse.Namespace) -> int:
@@ -517,7 +522,8 @@ def _run_dialogue(args: argparse.Namespace) -> int:
                              model_dir=args.model_dir,
                              deadline_ms=args.deadline_ms, slo_ttft_ms=args.slo_ttft_ms,
                              slo_e2el_ms=args.slo_e2el_ms, seed=args.seed,
-                             out=args.out or d.out)
+                             out=args.out or d.out, front=args.front,
+                             workers_http=tuple(u for u in args.workers_http.split(",") if u))
     stages = {"open": f"opening {cfg.sessions} sessions", "run": "sending requests",
               "drain": "waiting for the last lines"}
     try:
@@ -538,6 +544,10 @@ def _run_dialogue(args: argparse.Namespace) -> int:
             ("goodput", f"{report['goodput']:.1f} lines/s within the SLO"),
             ("TTFT p50 / p99", f"{_ms(report.get('median_ttft_ms'))} / {_ms(report.get('p99_ttft_ms'))}"),
             ("E2EL p50 / p99", f"{_ms(report.get('median_e2el_ms'))} / {_ms(report.get('p99_e2el_ms'))}"),
+            *((f"worker {w}", f"{r['completed']} lines ({r['fallbacks']} fallbacks), "
+                              f"{r['request_throughput']:.1f} lines/s, TTFT p99 {_ms(r['p99_ttft_ms'])}, "
+                              f"E2EL p99 {_ms(r['p99_e2el_ms'])}")
+              for w, r in report["workers"].items() if cfg.front),
         ])
     _say_where(cfg.out, report, args.json)
     return 0 if report["errors"] == 0 else 1

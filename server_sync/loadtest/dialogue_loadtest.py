@@ -1,10 +1,15 @@
 """The dialogue load test: ``flashnpc serve --dialogue`` in one process, client worker
-processes, all on loopback (127.0.0.1), for a bounded time; it stops by itself.
+processes, all on loopback (127.0.0.1), for a bounded time; it stops by itself. With ``front``
+(``--front URL``) no server is started: the clients go through that front (nginx before
+``flashnpc serve --dialogue`` workers, docs/dialogue_front.md) and the figures come overall and
+per worker (``workers``, keyed by the welcome's ``worker``).
 
 :func:`run_dialogue_loadtest` starts the server (a one-NPC sync world next to the dialogue
 server, whose model is ``model_dir``, default the shipped one), then ``procs`` worker
 processes that each hold a share of ``sessions`` dialogue sessions, one WebSocket per
-session. Requests arrive as a Poisson process of ``rate`` requests/s over all sessions
+session, spoken by :class:`server_sync.dialogue.client.DialogueClient` (a lost worker's
+requests are answered with its authored fallbacks, ``worker_lost`` / ``no_answer``, and the
+session re-opens). Requests arrive as a Poisson process of ``rate`` requests/s over all sessions
 (each session draws exponential gaps at ``rate / sessions``), open loop: a session does not
 wait for its previous line. With ``burst`` every session instead asks at the same instants,
 one wave every ``sessions / rate`` seconds (the same mean rate, worst-case arrivals).
@@ -17,14 +22,14 @@ vLLM's ``benchmark_serving`` names: ``request_throughput`` (lines/s) and ``outpu
 one decoded token's text) and ``e2el_ms`` (send to the final ``line``). TTFT, TPOT and ITL
 cover model lines; E2EL covers every line, fallbacks included. ``goodput`` is model lines/s
 within the SLO (``slo_ttft_ms`` and ``slo_e2el_ms``); ``fallbacks`` counts authored lines by
-reason, ``busy`` the requests refused, ``errors`` the error replies and lost connections.
+reason, ``busy`` the requests refused, ``errors`` the error replies, sessions that could not
+open and requests never answered (``lost``).
 Output: ``out``/report.json and ``out``/plot.png.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import json
 import multiprocessing as mp
@@ -70,11 +75,14 @@ class DialogueLoadConfig:
     slo_e2el_ms: float = 1000.0
     seed: int = 0
     out: str = "runs/loadtest_dialogue"
+    front: str | None = None           # ws:// URL of a front (nginx before workers): start no server
+    workers_http: tuple[str, ...] = ()  # the front's workers' http:// bases, for their /health
 
 
 # ---- one request's record ----------------------------------------------------------------
-# (sent_s, first_piece_s | None, end_s | None, kind, tokens, fallback_reason | "", piece_times)
-# kind: "line", "fallback", "busy", "error:<code>" or "lost"
+# (sent_s, first_piece_s | None, end_s | None, kind, tokens, fallback_reason | "", piece_times,
+#  worker | None)
+# kind: "line", "fallback", "busy", "error:<code>" or "lost"; worker: the welcome's ``worker``
 
 
 def _worker_main(index: int, cfg: dict[str, Any], n_sessions: int, url: str, secret: bytes,
@@ -91,15 +99,17 @@ async def _worker(index: int, cfg: dict[str, Any], n_sessions: int, url: str, se
                   catalog: dict[str, list[str]], start: Any, q: Any) -> list[tuple[Any, ...]]:
     """Open every session, report ``ready``, wait for the shared start time ``start.value``
     (perf_counter, set once every worker is ready), then send the requests."""
-    from ..dialogue.dialogue_protocol import decode_dialogue_server
+    from runtime.client.fallback import FallbackBook
+
+    from ..dialogue.client import Busy, DialogueClient, DialogueSession, RequestError
     from ..transport.auth import issue_token
-    from ..transport.wire import encode
-    from ..transport.ws_io import ws_connect
 
     rng = random.Random(cfg["seed"] * 1000 + index)
+    book = Path(cfg["model_dir"]) / "fallbacks.json" if cfg["model_dir"] else None
+    fallbacks = FallbackBook.from_json(book) if book and book.is_file() else FallbackBook.shipped()
     per_session_rate = cfg["rate"] / cfg["sessions"]
     drain_s = cfg["deadline_ms"] / 1000.0 + 5.0
-    records: list[tuple[Any, ...]] = []
+    records: list[list[Any]] = []
     opened_count = 0
     started = asyncio.Event()
 
@@ -131,98 +141,68 @@ async def _worker(index: int, cfg: dict[str, Any], n_sessions: int, url: str, se
             if not counted:
                 one_opened()
 
+    async def one(session: DialogueSession, intent: str) -> None:
+        """One request, recorded as it is answered (``lost`` if it never is)."""
+        rec: list[Any] = [time.perf_counter(), None, None, "lost", 0, "", [], session.client.worker]
+        records.append(rec)
+
+        def piece(_text: str) -> None:
+            now = time.perf_counter()
+            rec[1] = now if rec[1] is None else rec[1]
+            rec[6].append(now)
+
+        try:
+            line = await session.request_line(intent, on_piece=piece if cfg["stream"] else None,
+                                              max_tokens=cfg["max_tokens"] or None)
+        except Busy:
+            rec[3] = "busy"
+        except RequestError as exc:
+            rec[3] = f"error:{exc.code}"
+        else:
+            rec[3:6] = ["fallback" if line.fallback else "line", line.tokens, line.fallback_reason or ""]
+            rec[7] = line.worker
+        rec[2] = time.perf_counter()
+
     async def session_body(k: int, opened_now: Callable[[], None]) -> None:
         srng = random.Random(rng.randrange(1 << 30))
-        loop = asyncio.get_running_loop()
-        replies: list[asyncio.Future[dict[str, Any]]] = []  # hello / open_session answers
-        open_reqs: dict[int, list[Any]] = {}
-        sent_all = False
-        drained = asyncio.Event()
-
-        def on_message(frame: bytes | str) -> None:
-            m = decode_dialogue_server(frame)[0]
-            if replies:
-                replies.pop(0).set_result(m)
-                return
-            now = time.perf_counter()
-            r = open_reqs.get(m.get("rid", -1))
-            if r is None:
-                return
-            if m["t"] == "piece":
-                r[1] = now if r[1] is None else r[1]
-                r[6].append(now)
-                return
-            r[2] = now
-            if m["t"] == "line":
-                r[3] = "fallback" if m["fallback"] else "line"
-                r[4] = m["tokens"]
-                r[5] = m.get("fallback_reason", "")
-            else:
-                r[3] = "busy" if m["t"] == "busy" else f"error:{m.get('code')}"
-            records.append(tuple(open_reqs.pop(m["rid"])))
-            if sent_all and not open_reqs:
-                drained.set()
-
-        ws = await ws_connect(url, on_message, open_timeout_s=60, max_size=2**20)
+        c = DialogueClient(url, issue_token(secret, f"w{index}s{k}"), key=f"lt{cfg['seed']}-{index}-{k}",
+                           fallbacks=fallbacks, deadline_ms=cfg["deadline_ms"], answer_grace_s=4.0,
+                           open_timeout_s=60.0, seed=srng.randrange(1 << 30))
+        await c.connect()
         try:
-            async def call(msg: dict[str, Any]) -> dict[str, Any]:
-                fut = loop.create_future()
-                replies.append(fut)
-                ws.send(encode(msg, "msgpack"))
-                return await asyncio.wait_for(fut, 60)
-
-            welcome = await call({"t": "hello", "v": 1,
-                                  "token": issue_token(secret, f"w{index}s{k}")})
-            if welcome["t"] != "welcome":
-                raise RuntimeError(f"hello refused: {welcome}")
-            opened = await call({"t": "open_session", "rid": 1,
-                                 "archetype": srng.choice(catalog["archetypes"]),
-                                 "state": srng.choice(catalog["states"])})
-            if opened["t"] != "session":
-                raise RuntimeError(f"open_session refused: {opened}")
-            sid = opened["session"]
+            session = await c.open_session(srng.choice(catalog["archetypes"]),
+                                           srng.choice(catalog["states"]))
             opened_now()
             await started.wait()
             start_at = start.value
             stop_at = start_at + cfg["duration"]
             period = cfg["sessions"] / cfg["rate"]  # burst: one wave per period
             t = start_at - period if cfg["burst"] else start_at
-            rid = 1
+            asked: list[asyncio.Task[None]] = []
             while True:
                 t += period if cfg["burst"] else srng.expovariate(per_session_rate)
                 if t >= stop_at:
                     break
                 await asyncio.sleep(max(0.0, t - time.perf_counter()))
-                rid += 1
-                msg: dict[str, Any] = {"t": "request_line", "rid": rid, "session": sid,
-                                       "intent": srng.choice(catalog["intents"]), "stream": cfg["stream"],
-                                       "deadline_ms": cfg["deadline_ms"]}
-                if cfg["max_tokens"]:
-                    msg["max_tokens"] = cfg["max_tokens"]
-                open_reqs[rid] = [time.perf_counter(), None, None, "lost", 0, "", []]
-                ws.send(encode(msg, "msgpack"))
-            sent_all = True
-            if open_reqs:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(drained.wait(), drain_s)
-            records.extend(tuple(r) for r in open_reqs.values())  # never answered: "lost"
-            open_reqs.clear()
-            ws.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(ws.wait_closed(), 5.0)
+                asked.append(asyncio.create_task(one(session, srng.choice(catalog["intents"]))))
+            if asked:  # every request is answered by its deadline plus the client's grace
+                _, late = await asyncio.wait(asked, timeout=drain_s)
+                for task in late:  # never answered: stays "lost"
+                    task.cancel()
         finally:
-            ws.abort()
+            await c.close()
 
     results = await asyncio.gather(*[session(k) for k in range(n_sessions)],
                                    return_exceptions=True)
     start_task.cancel()
     start_at = start.value
     failed = [r for r in results if isinstance(r, BaseException)]
-    records.extend((start_at, None, None, f"error:{type(e).__name__}", 0, "", []) for e in failed)
+    records.extend([start_at, None, None, f"error:{type(e).__name__}", 0, "", [], None]
+                   for e in failed)
     # times relative to the start, in seconds
     return [(r[0] - start_at, None if r[1] is None else r[1] - start_at,
              None if r[2] is None else r[2] - start_at, r[3], r[4], r[5],
-             [p - start_at for p in r[6]]) for r in records]
+             [p - start_at for p in r[6]], r[7]) for r in records]
 
 
 # ---- figures -----------------------------------------------------------------------------
@@ -248,7 +228,7 @@ def summarize(records: list[tuple[Any, ...]], duration_s: float, *, slo_ttft_ms:
     kinds: Counter[str] = Counter()
     reasons: Counter[str] = Counter()
     out_tokens = good = 0
-    for sent, first, end, kind, tokens, reason, pieces in records:
+    for sent, first, end, kind, tokens, reason, pieces, *_ in records:
         kinds[kind] += 1
         if kind not in ("line", "fallback"):
             continue
@@ -304,10 +284,12 @@ def run_dialogue_loadtest(cfg: DialogueLoadConfig, *, log: Any = print,
         raise ValueError(f"dialogue load test: need sessions >= 1, procs >= 1, rate > 0 and "
                          f"0 < duration <= {MAX_DURATION_S:g} (got {cfg.sessions}, {cfg.procs}, "
                          f"{cfg.rate}, {cfg.duration})")
-    from .sync_loadtest import _cpu_seconds, stop_process, wait_ready, write_plot
+    from .sync_loadtest import _cpu_seconds, stop_process, wait_ready
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
+    if cfg.front:
+        return _front_run(cfg, out, log, progress or (lambda _stage, _s: None))
     tmp = Path(tempfile.mkdtemp(prefix="flashnpc_dialogue_loadtest_"))
     secret = secrets.token_hex(16).encode()
     ready = tmp / "ready"
@@ -320,7 +302,8 @@ def run_dialogue_loadtest(cfg: DialogueLoadConfig, *, log: Any = print,
            "--device", cfg.device, "--max-batch", str(cfg.max_batch), "--engine", cfg.engine,
            "--cpu-threads", str(cfg.cpu_threads),
            "--dialogue-port", "0",
-           "--dialogue-http-port", "0", "--rate", "1000", "--ready-file", str(ready)]
+           "--dialogue-http-port", "0", "--rate", "1000", "--worker-id", "w0",
+           "--ready-file", str(ready)]
     if cfg.model_dir:
         cmd += ["--model-dir", cfg.model_dir]
     server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -333,19 +316,49 @@ def run_dialogue_loadtest(cfg: DialogueLoadConfig, *, log: Any = print,
         server_view = _server_view(f"http://127.0.0.1:{http_port}")
     finally:
         stop_process(server)
+    return _report(cfg, out, records, log, server_cpu_s=cpu, server=server_view)
+
+
+def _report(cfg: DialogueLoadConfig, out: Path, records: list[tuple[Any, ...]], log: Any,
+            **extra: Any) -> dict[str, Any]:
+    """The figures over all requests and per worker (``workers``: the welcome's ``worker``),
+    plus ``extra``; written to ``out``/report.json (and plot.png)."""
+    from .sync_loadtest import write_plot
+
     # as vLLM's benchmark: throughput over the time until the last answer, not just arrivals
     span = max([cfg.duration, *(r[2] for r in records if r[2] is not None)])
-    report = summarize(records, span, slo_ttft_ms=cfg.slo_ttft_ms, slo_e2el_ms=cfg.slo_e2el_ms)
-    report["server_cpu_s"] = cpu
-    report["server"] = server_view
+    slo = {"slo_ttft_ms": cfg.slo_ttft_ms, "slo_e2el_ms": cfg.slo_e2el_ms}
+    report = summarize(records, span, **slo)
+    names = sorted({r[7] for r in records if r[7] is not None})
+    report["workers"] = {w: summarize([r for r in records if r[7] == w], span, **slo) for w in names}
+    report.update(extra)
     report["config"] = asdict(cfg)
     report["plot"] = write_plot(lambda path: _plot(records, report, path), out / "plot.png", log)
     (out / "report.json").write_text(json.dumps(report, indent=2))
     return report
 
 
-def _drive(cfg: DialogueLoadConfig, url: str, secret: bytes, server: subprocess.Popen[bytes],
-           log: Any, progress: Progress) -> list[tuple[Any, ...]]:
+def _front_run(cfg: DialogueLoadConfig, out: Path, log: Any, progress: Progress) -> dict[str, Any]:
+    """``--front URL``: the clients go through the front (one connection per session, keyed
+    by the session: the front spreads them over its workers); no server is started here. Tokens
+    are signed with $FLASHNPC_SECRET, the workers' secret; each ``workers_http`` base's /health
+    is read at the end (``server``: {url: health})."""
+    from ..transport.auth import secret_from_env
+
+    if not cfg.front or not cfg.front.startswith(("ws://", "wss://")):
+        raise ValueError(f"--front {cfg.front!r}: expected a ws:// or wss:// URL")
+    bad = [u for u in cfg.workers_http if not u.startswith(("http://", "https://"))]
+    if bad:
+        raise ValueError(f"--workers-http {bad[0]!r}: expected an http:// URL (a worker's "
+                         f"--dialogue-http-port)")
+    records = _drive(cfg, cfg.front, secret_from_env(), None, log, progress)
+    views = {u: _server_view(u.rstrip("/")) for u in cfg.workers_http}
+    return _report(cfg, out, records, log, server_cpu_s=None, server=views)
+
+
+def _drive(cfg: DialogueLoadConfig, url: str, secret: bytes,
+           server: subprocess.Popen[bytes] | None, log: Any,
+           progress: Progress) -> list[tuple[Any, ...]]:
     import queue
 
     ctx = mp.get_context("spawn")
@@ -376,7 +389,7 @@ def _drive(cfg: DialogueLoadConfig, url: str, secret: bytes, server: subprocess.
             try:
                 kind, i, payload = q.get(timeout=1.0)
             except queue.Empty:
-                if server.poll() is not None:
+                if server is not None and server.poll() is not None:
                     raise RuntimeError(f"the server exited with code {server.returncode}") from None
                 if any(p.exitcode not in (None, 0) for p in procs):
                     raise RuntimeError("a client worker died") from None

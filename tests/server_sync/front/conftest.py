@@ -28,8 +28,9 @@ ROOT = Path(__file__).resolve().parents[3]
 MISSING = "nginx is not installed (Debian: apt-get install nginx)"
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def nginx_installed() -> None:
+    """Skip (or fail, with FLASHNPC_REQUIRE_NGINX) a test that needs nginx where it is missing."""
     if find_nginx() is None:
         if os.environ.get("FLASHNPC_REQUIRE_NGINX"):
             pytest.fail(f"{MISSING}, and FLASHNPC_REQUIRE_NGINX is set")
@@ -96,6 +97,7 @@ def stop_workers(workers: list[WorkerProc]) -> None:
 
 @pytest.fixture(scope="package")
 def worker_pool() -> Iterator[tuple[list[WorkerProc], Path]]:
+    """Three worker processes for the package (started by the first test that asks)."""
     tmp = Path(tempfile.mkdtemp(prefix="flashnpc_front_workers_"))
     procs = start_workers(["w0", "w1", "w2"], tmp)
     yield procs, tmp
@@ -115,7 +117,7 @@ def workers(worker_pool: tuple[list[WorkerProc], Path]) -> list[WorkerProc]:
 
 
 @pytest.fixture
-def front(tmp_path: Path) -> Iterator[Any]:
+def front(tmp_path: Path, nginx_installed: None) -> Iterator[Any]:
     """``front(workers, down=())``: a private nginx in front of ``workers`` on a free port;
     returns (Nginx, FrontConfig, ws URL). Stopped after the test."""
     started: list[Nginx] = []

@@ -10,7 +10,7 @@ from .conftest import eventually, workers_of
 KEYS = [f"player-{i}" for i in range(240)]
 
 
-async def test_a_key_always_reaches_the_same_worker_and_keys_spread_over_all(workers, front):
+async def test_a_key_always_reaches_the_same_worker_and_keys_spread_over_all(front, workers):
     _, _, url = front([w.worker for w in workers[:2]])
     first = await workers_of(url, KEYS)
     again = await workers_of(url, KEYS[::-1])
@@ -20,7 +20,7 @@ async def test_a_key_always_reaches_the_same_worker_and_keys_spread_over_all(wor
 
 
 async def test_adding_a_worker_moves_about_a_third_of_the_keys_all_to_the_new_worker(
-        workers, front):
+        front, workers):
     nginx, cfg, url = front([w.worker for w in workers[:2]])
     before = await workers_of(url, KEYS)
     cfg.workers.append(workers[2].worker)

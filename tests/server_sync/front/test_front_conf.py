@@ -34,7 +34,8 @@ def test_the_committed_example_is_what_the_code_renders():
         "--front-listen 0.0.0.0:8080 > deploy/nginx/flashnpc-dialogue.conf"
 
 
-def test_nginx_accepts_the_example_and_refuses_a_broken_one_with_its_reason(tmp_path: Path):
+def test_nginx_accepts_the_example_and_refuses_a_broken_one_with_its_reason(tmp_path: Path,
+                                                                            nginx_installed):
     nginx = Nginx(tmp_path)
     cfg = FrontConfig(EXAMPLE_CONFIG.workers, listen=("127.0.0.1", free_port()))
     nginx.start(render_conf(cfg, {"127.0.0.1:8777"}), cfg.listen)  # runs nginx -t first
@@ -50,7 +51,8 @@ def test_nginx_accepts_the_example_and_refuses_a_broken_one_with_its_reason(tmp_
         render_conf(cfg, {"10.0.0.1:1"})
 
 
-async def test_serve_front_runs_nginx_in_front_of_workers_until_sigterm(workers, tmp_path: Path):
+async def test_serve_front_runs_nginx_in_front_of_workers_until_sigterm(workers, tmp_path: Path,
+                                                                        nginx_installed):
     port = free_port()
     spec = ",".join(f"{w.worker.host}:{w.worker.port}:{w.worker.http_port}" for w in workers[:2])
     ready = tmp_path / "ready"

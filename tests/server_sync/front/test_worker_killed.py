@@ -15,7 +15,7 @@ from .conftest import client
 CLIENT_REASONS = {"worker_lost", "no_answer", "no_worker", "refused", "closed"}
 
 
-async def test_a_worker_killed_mid_run_leaves_no_request_unanswered(workers, front):
+async def test_a_worker_killed_mid_run_leaves_no_request_unanswered(front, workers):
     victim = workers[2]
     _, _, url = front([w.worker for w in workers])
     clients = [client(url, f"npc-{i}", f"p{i}") for i in range(12)]
