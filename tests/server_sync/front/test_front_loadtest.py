@@ -26,7 +26,7 @@ def test_a_run_through_the_front_reports_every_worker_and_answers_every_request(
     assert sum(r["completed"] for r in per.values()) == report["completed"]
     assert sum(r["total_output_tokens"] for r in per.values()) == report["total_output_tokens"]
     assert set(report["server"]) == set(http)
-    assert all(v["health"]["status"] == "ready" for v in report["server"].values())
+    assert all(v["health"]["status"] in ("ready", "degraded") for v in report["server"].values())
     assert json.loads((tmp_path / "lt" / "report.json").read_text())["workers"].keys() == per.keys()
 
 

@@ -28,6 +28,7 @@ async def test_the_watcher_takes_a_worker_with_an_open_breaker_out_and_puts_it_b
                                 on_change=changes.append)
         task = asyncio.create_task(watcher.run())
         try:
+            await until(lambda: watcher.reloads == 1, what="the watcher's first round")
             placed = await workers_of(url, KEYS)
             sick_keys = [k for k in KEYS if placed[k] == "sick"]
             assert sick_keys and len(sick_keys) < len(KEYS)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import signal
 
-from server_sync.dialogue.client import Line
+from server_sync.dialogue.client import DialogueClient, Line
 from tests.server_sync.conftest import until
 
 from .conftest import client
@@ -18,12 +18,20 @@ CLIENT_REASONS = {"worker_lost", "no_answer", "no_worker", "refused", "closed"}
 async def test_a_worker_killed_mid_run_leaves_no_request_unanswered(front, workers):
     victim = workers[2]
     _, _, url = front([w.worker for w in workers])
-    clients = [client(url, f"npc-{i}", f"p{i}") for i in range(12)]
-    for c in clients:
+    clients: list[DialogueClient] = []
+    for i in range(200):  # keys until 3 land on the victim and 9 on the others
+        c = client(url, f"npc-{i}", f"p{i}")
         await c.connect()
+        on_it = sum(x.worker == "w2" for x in clients)
+        if (c.worker == "w2" and on_it < 3) or (c.worker != "w2" and len(clients) - on_it < 9):
+            clients.append(c)
+        else:
+            await c.close()
+        if len(clients) == 12:
+            break
+    assert len(clients) == 12, "the hash put too few keys on one side"
     sessions = [await c.open_session("guard", "idle") for c in clients]
     on_victim = [i for i, c in enumerate(clients) if c.worker == "w2"]
-    assert len(on_victim) >= 2, [c.worker for c in clients]
     sent = [0] * len(clients)
     lines: list[list[Line]] = [[] for _ in clients]
     stop = asyncio.Event()
