@@ -22,8 +22,8 @@ FallbackBook`; ``fallback=True``, ``fallback_reason`` ``"worker_lost"`` or ``"no
 client reconnects through the same URL (the front sends it to a live worker), says hello, and
 re-opens every session with its last archetype, state, persona and context; the
 :class:`DialogueSession` objects stay valid, only their server ids change. A request made
-while no worker is reachable waits for the re-open until its deadline plus the grace, then is
-answered with a fallback line (``"no_worker"``). So every ``request_line`` ends in a
+while no worker is reachable waits for the re-open until its deadline, then is answered with a
+fallback line (``"no_worker"``). So every ``request_line`` ends in a
 :class:`Line`, :class:`Busy` (the server's ``busy``, passed through unchanged with its
 ``retry_after_ms``) or :class:`RequestError` (an ``error`` with this request's rid, e.g.
 ``invalid_request``). The server's own fallbacks (``breaker_open``, ``deadline``, ...) arrive as
@@ -284,8 +284,9 @@ class DialogueClient:
         t0 = time.perf_counter()
         give_up = t0 + deadline_ms / 1000.0 + self.answer_grace_s
         if self.refused is None and (session.sid is None or self._link is None):
-            with contextlib.suppress(TimeoutError):  # re-opening: wait for it
-                await asyncio.wait_for(session.opened.wait(), max(0.0, give_up - time.perf_counter()))
+            with contextlib.suppress(TimeoutError):  # re-opening: wait for it, up to the deadline
+                await asyncio.wait_for(session.opened.wait(),
+                                       max(0.0, t0 + deadline_ms / 1000.0 - time.perf_counter()))
         if session.error is not None:
             raise session.error
         link = self._link

@@ -64,6 +64,7 @@ async def test_a_hung_worker_gets_no_answer_fallbacks_and_the_session_comes_back
         assert 550 <= line.latency_ms < 2000
         waiting = await asyncio.wait_for(s.request_line("greet"), 5)  # nobody to re-open on
         assert (waiting.fallback, waiting.fallback_reason) == (True, "no_worker")
+        assert 290 <= waiting.latency_ms < 1500  # by its deadline, not the grace after it
     finally:
         w.proc.send_signal(signal.SIGCONT)
     await until(lambda: s.sid is not None, 10, "the session re-opened on the woken worker")
