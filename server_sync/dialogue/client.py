@@ -12,7 +12,9 @@ game client or the plugin, against one dialogue server or a front of several
 One client is one WebSocket connection, made to ``url`` with ``?session=KEY`` added (the front
 hashes that key to pick the worker: every session of this client lives on one worker, the one
 that holds their prefix cache). A client holds up to the server's 64 sessions; use a client per
-key for sessions that should spread over workers.
+key for sessions that should spread over workers. A re-open sends every session's
+``open_session`` at once: past the server's per-connection rate burst (40 by default) that is
+cut as ``rate_limited``, so keep fewer sessions per client than that (or raise ``--rate``).
 
 **When the worker is lost** - the connection drops (the worker died, or the front did), or a
 request has no answer ``answer_grace_s`` after its deadline (the worker hangs: the client then
