@@ -12,9 +12,10 @@ game client or the plugin, against one dialogue server or a front of several
 One client is one WebSocket connection, made to ``url`` with ``?session=KEY`` added (the front
 hashes that key to pick the worker: every session of this client lives on one worker, the one
 that holds their prefix cache). A client holds up to the server's 64 sessions; use a client per
-key for sessions that should spread over workers. A re-open sends every session's
-``open_session`` at once: past the server's per-connection rate burst (40 by default) that is
-cut as ``rate_limited``, so keep fewer sessions per client than that (or raise ``--rate``).
+key for sessions that should spread over workers. ``open_session`` messages (first opens and
+re-opens alike) are paced at ``open_rate`` (15) per second in bursts of ``open_burst`` (30),
+under the server's per-connection rate limit (20 messages/s, bursts of 40, by default): a
+client that opens or re-opens many sessions at once is not cut as ``rate_limited``.
 
 **When the worker is lost** - the connection drops (the worker died, or the front did), or a
 request has no answer ``answer_grace_s`` after its deadline (the worker hangs: the client then
@@ -191,13 +192,21 @@ class DialogueClient:
                  fallbacks: FallbackBook | None = None, codec: Codec = "msgpack",
                  deadline_ms: int = 1000, answer_grace_s: float = 2.0, open_timeout_s: float = 5.0,
                  backoff_initial_s: float = 0.05, backoff_max_s: float = 2.0,
-                 seed: int | None = None, max_size: int = 2**20) -> None:
+                 seed: int | None = None, max_size: int = 2**20, open_rate: float = 15.0,
+                 open_burst: int = 30) -> None:
         import numpy as np
 
         if not 1 <= deadline_ms <= MAX_DEADLINE_MS:
             raise ValueError(f"DialogueClient: deadline_ms must be 1..{MAX_DEADLINE_MS}, got {deadline_ms}")
         if min(answer_grace_s, open_timeout_s, backoff_initial_s, backoff_max_s) <= 0:
             raise ValueError("DialogueClient: answer_grace_s, open_timeout_s and the backoffs must be > 0")
+        if open_rate <= 0 or open_burst < 1:
+            raise ValueError(f"DialogueClient: open_rate must be > 0 and open_burst >= 1, "
+                             f"got {open_rate} and {open_burst}")
+        self.open_rate = open_rate
+        self.open_burst = open_burst
+        self._open_tokens = float(open_burst)
+        self._open_at: float | None = None
         self.url = affinity_url(url, key)
         self.key = key
         self._token = token
@@ -474,12 +483,26 @@ class DialogueClient:
             if not p.future.done():
                 p.future.set_result(None)
 
+    async def _open_slot(self) -> None:
+        """Wait for this open's turn: a token bucket of ``open_burst`` refilled at
+        ``open_rate`` per second; each caller reserves a token (the count may go negative)
+        and sleeps until its reservation is covered, so concurrent opens queue in order."""
+        now = asyncio.get_running_loop().time()
+        if self._open_at is not None:
+            self._open_tokens = min(float(self.open_burst),
+                                    self._open_tokens + (now - self._open_at) * self.open_rate)
+        self._open_at = now
+        self._open_tokens -= 1.0
+        if self._open_tokens < 0:
+            await asyncio.sleep(-self._open_tokens / self.open_rate)
+
     async def _open_one(self, link: _Link, s: DialogueSession) -> None:
         """Open ``s`` on ``link`` (with its state as it is now; a change made meanwhile follows
         as an update_state). Raises Busy, RequestError or _Lost."""
-        version = s.version
         s.opening = link
         try:
+            await self._open_slot()
+            version = s.version
             sid = await self._request(link, {"t": "open_session", "rid": 0, **_open_fields(s)},
                                       _Pending("open", self._future()), self.open_timeout_s)
         finally:

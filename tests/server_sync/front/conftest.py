@@ -170,9 +170,9 @@ def in_process_worker(worker_id: str, **config: Any) -> DialogueServer:
 
     service_kw = {k: config.pop(k) for k in ("breaker",) if k in config}
     service = DialogueService.load(max_batch=8, **service_kw)
+    settings = {"rate_per_s": 1000, "rate_burst": 1000, **config}
     return DialogueServer(service, DialogueConfig(secret=SECRET, port=0, http_port=0,
-                                                  worker_id=worker_id, rate_per_s=1000,
-                                                  rate_burst=1000, **config))
+                                                  worker_id=worker_id, **settings))
 
 
 def address(server: DialogueServer) -> Worker:

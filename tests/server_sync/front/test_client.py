@@ -50,6 +50,24 @@ async def test_the_last_state_is_re_sent_when_a_dropped_connection_re_opens_the_
         await c.close()
 
 
+async def test_sixty_sessions_open_and_re_open_under_the_servers_default_rate_limit():
+    from server_sync.dialogue.dialogue_server import DialogueConfig
+
+    limits = DialogueConfig(secret=b"x" * 32)
+    async with in_process_worker("solo", rate_per_s=limits.rate_per_s,
+                                 rate_burst=limits.rate_burst) as srv:
+        c = client(f"ws://127.0.0.1:{srv.port}", "many")
+        await c.connect()
+        sessions = await asyncio.gather(*[c.open_session("guard", "idle") for _ in range(60)])
+        assert srv.service.num_sessions == 60
+        await c.drop_connection()
+        await until(lambda: all(s.sid is not None for s in sessions) and c.connects == 2,
+                    timeout=20, what="60 sessions re-opened")
+        assert c.reopens == 60 and c.worker_losses == 1 and c.connects == 2  # never cut
+        assert srv.errors.get("rate_limited", 0) == 0
+        await c.close()
+
+
 async def test_a_hung_worker_gets_no_answer_fallbacks_and_the_session_comes_back_with_it(workers):
     w = workers[0]
     c = client(f"ws://127.0.0.1:{w.worker.port}", "hang", deadline_ms=300, answer_grace_s=0.3,
