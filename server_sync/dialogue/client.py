@@ -93,7 +93,9 @@ class Line:
     ``no_answer``, ``no_worker``, ``refused``, ``closed``). ``latency_ms`` and ``ttft_ms`` are
     measured here (send to final line / first piece; ttft None without pieces);
     ``server_latency_ms`` is the server's own figure (None for a client fallback). ``worker`` is
-    the worker the request went to (its welcome's ``worker``; None if it never left)."""
+    the worker the request went to (its welcome's ``worker``; None if it never left).
+    ``served_by``: the server's ``served_by`` (the model that wrote it, or ``authored``; None
+    for a client fallback)."""
 
     text: str
     fallback: bool
@@ -104,6 +106,7 @@ class Line:
     worker: str | None
     server_latency_ms: float | None = None
     cached_tokens: int = 0
+    served_by: str | None = None
 
 
 def affinity_url(url: str, key: str | None) -> str:
@@ -129,6 +132,8 @@ class DialogueSession:
     persona: tuple[str, ...] = ()
     context: dict[str, str] = field(default_factory=dict)
     sid: str | None = None
+    model: str | None = None           # the served model it asks for (None: the server's base)
+    essential: bool = True             # False: the capacity rule may serve it more cheaply
     opens: int = 0
     error: RequestError | None = None  # a re-open was refused: its requests raise it
     closed: bool = False
@@ -256,12 +261,16 @@ class DialogueClient:
         await asyncio.shield(self._first)
 
     async def open_session(self, archetype: str, state: str, *, persona: Sequence[str] = (),
-                           context: Mapping[str, str] | None = None) -> DialogueSession:
+                           context: Mapping[str, str] | None = None, model: str | None = None,
+                           essential: bool = True) -> DialogueSession:
         """Open a session with an NPC of ``archetype`` in ``state``; returns once a worker has
-        opened it. Raises :class:`Busy`, :class:`RequestError` (``invalid_request``: a value
+        opened it. ``model``: the served model to use (a fine-tune's name; None: the base);
+        ``essential=False`` lets the server's capacity rule serve it by a lighter model or
+        authored lines (docs/finetune.md); both are re-sent on a re-open. Raises :class:`Busy`, :class:`RequestError` (``invalid_request``: a value
         the model does not know) or TimeoutError (no worker within ``open_timeout_s``)."""
         self._check_running()
-        s = DialogueSession(self, archetype, state, tuple(persona), dict(context or {}))
+        s = DialogueSession(self, archetype, state, tuple(persona), dict(context or {}),
+                            model=model, essential=essential)
         self.sessions.append(s)
         try:
             link = self._link
@@ -463,7 +472,8 @@ class DialogueClient:
             ttft = None if p.first_piece_at is None else 1000.0 * (p.first_piece_at - p.sent_at)
             p.future.set_result(Line(msg["text"], msg["fallback"], msg.get("fallback_reason"),
                                      msg["tokens"], 1000.0 * (now - p.sent_at), ttft, link.worker,
-                                     msg["latency_ms"], msg.get("cached_tokens", 0)))
+                                     msg["latency_ms"], msg.get("cached_tokens", 0),
+                                     msg.get("served_by")))
         elif t == "ok" and p.kind == "ok":
             p.future.set_result(True)
         else:
@@ -503,7 +513,8 @@ class DialogueClient:
         try:
             await self._open_slot()
             version = s.version
-            sid = await self._request(link, {"t": "open_session", "rid": 0, **_open_fields(s)},
+            sid = await self._request(link, {"t": "open_session", "rid": 0, **_open_fields(s),
+                                             **_routing_fields(s)},
                                       _Pending("open", self._future()), self.open_timeout_s)
         finally:
             s.opening = None
@@ -604,6 +615,14 @@ class DialogueClient:
         self._link = link
         self.connects += 1
         return link
+
+
+def _routing_fields(s: DialogueSession) -> dict[str, Any]:
+    """What ``open_session`` says of the model (update_state does not carry it)."""
+    out: dict[str, Any] = {} if s.model is None else {"model": s.model}
+    if not s.essential:
+        out["essential"] = False
+    return out
 
 
 def _open_fields(s: DialogueSession) -> dict[str, Any]:

@@ -114,6 +114,28 @@ async def test_sessions_go_to_the_model_they_name_and_an_unknown_model_is_refuse
         await peer.ws.close()
 
 
+async def test_the_dialogue_client_names_its_model_and_keeps_it_when_it_re_opens(model_dirs):
+    from server_sync.dialogue.client import DialogueClient
+    from tests.server_sync.conftest import token, until
+
+    router = ModelRouter.load(model_dirs, **QUICK)
+    async with DialogueServer(router, DialogueConfig(secret=SECRET, port=0, http_port=None)) as srv:
+        c = DialogueClient(f"ws://127.0.0.1:{srv.port}", token("p"), key="k", seed=0,
+                           deadline_ms=30_000)
+        await c.connect()
+        s = await c.open_session("smuggler", "alert", context={"tide": "high"}, model="pirate",
+                                 essential=False)
+        assert router.services["pirate"].session(s.sid) is not None
+        first = await s.request_line("greet", max_tokens=4)
+        assert first.served_by in ("pirate", "authored") and first.served_by is not None
+        old_sid = s.sid
+        await c.drop_connection()
+        await until(lambda: s.sid is not None and s.sid != old_sid, what="the session re-opened")
+        assert router.services["pirate"].session(s.sid) is not None  # still the fine-tune's
+        assert router.services["base"].num_sessions == 0
+        await c.close()
+
+
 async def test_metrics_label_each_model_and_health_reports_each_models_breaker(model_dirs):
     router = ModelRouter.load(model_dirs, **QUICK)
     router.services["pirate"].breaker = CircuitBreaker(p95_budget_ms=1e-6, min_requests=1, cooldown_s=3600)
