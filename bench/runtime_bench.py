@@ -15,6 +15,7 @@ Peers (all LineGenerator, same weights):
                    case, doubled words: WordConstraint(text_rules=False)): their cost on its own
   no word cons.    the same, with the static banned words only (no vocabulary, no signatures, no
                    text rules): the cost of the word constraints is the ratio of the first and this
+  no voice bonus   the same word constraints without the voice bonus (voice={}): its cost on its own
   fp32             model.onnx (fp32, sparse gather), cache on
   int4 dense       every expert computed for every token, then gated (built from --checkpoint)
   int4 no-cache    the shipped graph with the prefix KV cache off
@@ -262,7 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         loose = LineGenerator.load(args.model, **opts)
         loose.mask = read_constraints(args.model).word_constraint(loose.tokenizer, text_rules=False)
         loose.mask.precompute()
-        peers = [Peer("int4 sparse", base), Peer("no text rules", loose), Peer("no word cons.", plain)]
+        mute = LineGenerator.load(args.model, **opts, voice={})  # the word constraints without the voice bonus
+        peers = [Peer("int4 sparse", base), Peer("no text rules", loose), Peer("no word cons.", plain),
+                 Peer("no voice bonus", mute)]
         ckpt = find_checkpoint(args.model, args.checkpoint)
         if (args.model / "model.onnx").is_file():
             peers.append(Peer("fp32", LineGenerator.load(args.model, file="model.onnx", **opts)))
@@ -341,6 +344,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"text rules: p50 {med(ref.p50):.2f} ms with vs {med(loose_peer.p50):.2f} ms without "
           f"({med(ref.p50) / med(loose_peer.p50):.3f}x); fallbacks {ref.fallbacks} vs {loose_peer.fallbacks}; "
           f"lines resampled {ref.resampled} vs {loose_peer.resampled}")
+    mute_peer = next(p for p in peers if p.name == "no voice bonus")
+    print(f"voice bonus: p50 {med(ref.p50):.2f} ms with vs {med(mute_peer.p50):.2f} ms without "
+          f"({med(ref.p50) / med(mute_peer.p50):.3f}x); fallbacks {ref.fallbacks} vs {mute_peer.fallbacks}; "
+          f"lines resampled {ref.resampled} vs {mute_peer.resampled}")
     nocache = next(p for p in peers if p.name == "int4 no-cache")
     share = hit_tokens / prompt_tokens
     print(f"\nprefix cache: TTFT p50 {med(ref.ttft):.2f} ms on a hit vs {med(nocache.ttft):.2f} ms without "
@@ -360,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
                                "fallbacks": p.fallbacks, "resampled": p.resampled} for p in peers},
             "word_constraints_ratio": med(ref.p50) / med(plain_peer.p50),
             "text_rules_ratio": med(ref.p50) / med(loose_peer.p50),
+            "voice_bonus_ratio": med(ref.p50) / med(mute_peer.p50),
             "prefix_share": share, "batch16_ms": many, "single16_ms": one,
             "iobinding_ms": bound_ms, "iobinding_prealloc_ms": prealloc_ms, "plain_ms": plain_ms, **fresh},
             indent=2))

@@ -266,6 +266,42 @@ class _Plan(NamedTuple):
     groups: tuple[_Group, ...]
 
 
+class _Voice(NamedTuple):
+    """One request's voice bonus (``WordConstraint._make_voice``): the potential ``phi`` per trie
+    node; the tokens that start a word with a bonus, read from a word boundary, and their bonus
+    (``idx``, ``val``); those of them that end a word being spelled first (``end_idx``,
+    ``end_val``); (tag bit, worth) of the requested tags; and where ``phi`` is not 0."""
+
+    phi: np.ndarray
+    idx: np.ndarray
+    val: np.ndarray
+    end_idx: np.ndarray
+    end_val: np.ndarray
+    worth: list[tuple[int, float]]
+    live: np.ndarray
+
+
+VOICE_KINDS = ("archetype", "persona", "context", "unasked", "within")
+"""The keys of a voice bonus (:meth:`WordConstraint.voice_bonus`): the worth, in logits, of a
+signature word of a requested archetype, persona trait and context value, the cost of heading
+for one of a tag the request did not ask for, and how far below the model's most likely token
+(in logits) a token may be and still get a bonus (:meth:`WordConstraint.mask_logits`)."""
+
+
+def check_voice(voice: Mapping[str, float] | None) -> dict[str, float]:
+    """``voice`` as a dict of floats; ValueError naming a key outside :data:`VOICE_KINDS` or a
+    value that is not a finite number >= 0."""
+    out: dict[str, float] = {}
+    for key, value in (voice or {}).items():
+        if key not in VOICE_KINDS:
+            raise ValueError(f"voice bonus: unknown kind {key!r}; known: {', '.join(VOICE_KINDS)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
+            raise ValueError(f"voice bonus {key!r} must be a finite number >= 0, got {value!r}")
+        if value:
+            out[key] = float(value)
+    return out
+
+
 class _Memo:
     """A thread-safe memo of at most ``size`` entries that drops the oldest first.
 
@@ -327,9 +363,10 @@ class WordConstraint:
 
     def __init__(self, words: Iterable[str], tokenizer: Tokenizer, *, vocabulary: Iterable[str] | None = None,
                  signatures: Mapping[str, Iterable[str]] | None = None, max_states: int = 4096,
-                 text_rules: bool = True) -> None:
+                 text_rules: bool = True, voice: Mapping[str, float] | None = None) -> None:
         self.tokenizer = tokenizer
         self.text_rules = text_rules
+        self.voice = check_voice(voice)
         self.vocab_size = tokenizer.vocab_size
         self.eos_id = tokenizer.eos_id
         self.vocabulary: frozenset[str] | None = None if vocabulary is None else frozenset(vocabulary)
@@ -359,6 +396,8 @@ class WordConstraint:
         self._per_ban = _Memo(max_states)  # per request: its whole-read tokens (by template id), made on first use
         self._rules = _Memo(2 * max_states)  # the doubled-word rule's tokens, by (node, mode, echo, last, shape?)
         self._fixed: dict[Hashable, Any] = {}  # per mode: whole-token groups, exact tokens
+        self._voices = _Memo(max_states)  # per request: its voice bonus (_Voice), by banned tags
+        self._voice_table: tuple[np.ndarray, np.ndarray, list[tuple[int, str]]] | None = None
 
     # ------------------------------------------------------------ building
 
@@ -1050,15 +1089,157 @@ class WordConstraint:
 
     def mask_logits(self, row: np.ndarray, state: WordState, *, last: bool = False,
                     banned: int | None = None) -> None:
-        """Set ``row[blocked(state, last=last, banned=banned)]`` to -inf, in place (the same
-        result without building the mask: the state's kept mask, then the request's tokens)."""
-        base, out = self._pieces(state, last, self._default if banned is None else banned)
+        """Apply the constraints to a logits row, in place: ``row[blocked(state, last=last,
+        banned=banned)]`` to -inf (the same result without building the mask: the state's kept
+        mask, then the request's tokens), then, when the constraints carry one (``voice``), the
+        voice bonus of the tags the request asked for (:meth:`voice_bonus`) on the tokens within
+        ``voice["within"]`` logits of the row's largest (the model's most likely token)."""
+        ban = self._default if banned is None else banned
+        base, out = self._pieces(state, last, ban)
+        if self.voice:
+            bonus = self._bonus(row, state, ban)
         np.putmask(row, base, _NEG_INF)
         if len(out) > 2:
             row[np.concatenate(out)] = _NEG_INF
         else:
             for toks in out:
                 row[toks] = _NEG_INF
+        if self.voice:
+            row += bonus
+
+    # ------------------------------------------------------------ voice bonus
+
+    def voice_bonus(self, state: WordState, *, banned: int | None = None) -> np.ndarray:
+        """The logit bonus [vocab] (float32) :meth:`mask_logits` adds in ``state`` for a request
+        banning ``banned`` (zeros without ``voice``).
+
+        It makes the tags a request asked for audible: a line is worth ``voice[kind]`` more for
+        every word it completes that is a signature phrase of a requested tag of that kind
+        (``archetype``, ``persona``, ``context``) — a one-word phrase, or the last word of a
+        longer one whose first words were said — and, with ``voice["unasked"]``, that much less
+        for every one-word signature it heads for of a tag the request did not ask for (which
+        the masks would then block: steering away from it early avoids a veto and a redraw).
+        The bonus is spread over the word's tokens by a potential over the vocabulary's trie:
+        Φ(node) = Σ over tags of size × (share of the words below ``node`` that are that tag's
+        one-word signatures), so a token moving the word from node a to node b gets Φ(b) − Φ(a),
+        and the token ending it the word's own worth minus Φ of its node; summed over a line,
+        the bonuses are exactly the worth of the words it completes (plus Φ of its unfinished
+        last word). Tokens the masks block stay blocked."""
+        row = np.zeros(self.vocab_size, dtype=np.float32)
+        if self.voice:
+            self._add_voice(row, state, self._default if banned is None else banned)
+        return row
+
+    def _bonus(self, raw: np.ndarray, state: WordState, ban: int) -> np.ndarray:
+        """:meth:`voice_bonus`, kept to the tokens the model finds plausible: those whose logit
+        in ``raw`` (the unmasked row) is within ``voice["within"]`` of its largest (all of them
+        without ``within``), so the bonus chooses among what the model might say next and never
+        drags in a word it would not say there ("Don't night dark")."""
+        bonus = np.zeros(self.vocab_size, dtype=np.float32)
+        self._add_voice(bonus, state, ban)
+        within = self.voice.get("within")
+        if within is not None:
+            bonus[raw < raw.max() - within] = 0.0
+        return bonus
+
+    def _voice_tables(self) -> tuple[np.ndarray, np.ndarray, list[tuple[int, str]]]:
+        """Per signature tag with one-word phrases: the share of the words below every trie node
+        that are its one-word phrases (``F`` [tags, nodes], float32), their sum over all tags,
+        and (tag bit, kind) per row of ``F``."""
+        if self._voice_table is None:
+            n = len(self._child)
+            end = np.asarray(self._subtree_end, dtype=np.int64)
+            start = np.arange(n, dtype=np.int64)
+            words = np.concatenate([[0], np.cumsum(self._is_word, dtype=np.int64)])
+            below = np.maximum(words[end] - words[start], 1)
+            by_tag: dict[int, list[int]] = {}
+            for wid, q in self._goto[0].items():
+                node, bits = self._node_of_wid[wid], self._out[q]
+                if node and bits:
+                    for i in range(3, len(self.tags)):
+                        if bits >> i & 1:
+                            by_tag.setdefault(i, []).append(node)
+            rows, kinds = [], []
+            for i, nodes in sorted(by_tag.items()):
+                at = np.zeros(n + 1, dtype=np.int64)
+                np.add.at(at, np.asarray(nodes) + 1, 1)
+                cum = np.cumsum(at)
+                rows.append(((cum[end] - cum[start]) / below).astype(np.float32))
+                kinds.append((1 << i, self.tags[i].split(":", 1)[0]))
+            table = np.stack(rows) if rows else np.zeros((0, n), dtype=np.float32)
+            # in a word, only tokens that start with neither a letter nor an apostrophe end it first
+            self._voice_ends = np.asarray([not (t[:1] == "'" or _is_letter(t[:1])) for t in self._texts], dtype=bool)
+            self._voice_table = (table, table.sum(0), kinds)
+        return self._voice_table
+
+    def _voice_for(self, ban: int) -> _Voice:
+        v = self._voices.peek(ban)
+        if v is None:
+            v = self._voices.get(ban, lambda: self._make_voice(ban))
+        return v  # type: ignore[no-any-return]
+
+    def _make_voice(self, ban: int) -> _Voice:
+        table, total, kinds = self._voice_tables()
+        unasked = self.voice.get("unasked", 0.0)
+        size = self._voice_sizes(ban)
+        phi = -unasked * total if unasked else np.zeros(len(self._child), dtype=np.float32)
+        for r, (bit, kind) in enumerate(kinds):
+            if not bit & ban:
+                phi = phi + (size.get(kind, 0.0) + unasked) * table[r]
+        phi = phi.astype(np.float32)
+        tail = self._tail[0]
+        w0 = np.where(tail >= 0, phi[np.maximum(tail, 0)] - phi[0], 0.0).astype(np.float32)
+        w0[self._always] = 0.0
+        idx = np.flatnonzero(w0)
+        ends = self._voice_ends[idx]
+        worth = [(bit, size.get(kind, 0.0)) for bit, kind in
+                 [(self._tag_bit[t], t.split(":", 1)[0]) for t in self.tags[3:]] if not bit & ban]
+        live = phi != 0.0
+        return _Voice(phi, idx, w0[idx], idx[ends], w0[idx][ends], [(b, w) for b, w in worth if w], live)
+
+    def _voice_sizes(self, ban: int) -> dict[str, float]:
+        """The worth of a signature word per kind for a request banning ``ban``: ``voice[kind]``,
+        plus ln(n / k) where the request asks for k of the n tags of that kind it could ask
+        for together (persona traits: the most a prompt holds, 2; context: one value per slot),
+        so that fewer requested tags, with fewer words to voice them, are voiced about as often."""
+        out = dict(self.voice)
+        asked: dict[str, set[str]] = {"persona": set(), "context": set()}
+        for tag in self.tags[3:]:
+            kind, _, name = tag.partition(":")
+            if kind in asked and not self._tag_bit[tag] & ban:
+                asked[kind].add(name.split("=", 1)[0])
+        slots = {t.split(":", 1)[1].split("=", 1)[0] for t in self.tags[3:] if t.startswith("context:")}
+        for kind, most in (("persona", 2), ("context", len(slots))):
+            k = len(asked[kind])
+            if kind in out and 0 < k < most:
+                out[kind] += float(np.log(most / k))
+        return out
+
+    def _add_voice(self, row: np.ndarray, state: WordState, ban: int) -> None:
+        """Add the voice bonus (:meth:`voice_bonus`) of ``state`` to ``row`` in place."""
+        v = self._voice_for(ban)
+        node, mode, q = state[0], state[1], state[2]
+        if mode == _BOUNDARY:
+            if len(v.idx):
+                row[v.idx] += v.val
+            return
+        if node < 0:
+            return
+        worth = 0.0
+        if v.worth:
+            bits = self._end(node, q)[1]
+            if bits:
+                worth = float(sum(w for b, w in v.worth if bits & b))
+        here = float(v.phi[node])
+        step = worth - here  # what ending the word is worth, before the next one starts
+        if step:
+            row += step
+        if len(v.end_idx):
+            row[v.end_idx] += v.end_val
+        if step or v.live[node]:
+            toks, reached, _ = self._lead_arrays(node, mode)
+            if len(toks):
+                row[toks] += v.phi[reached] - (here + step)
 
     def _pieces(self, state: WordState, last: bool, ban: int) -> tuple[np.ndarray, list[np.ndarray]]:
         """A state's mask for a request as (the mask its plan keeps for every request, the token
@@ -1387,12 +1568,14 @@ class WordConstraint:
 
     def precompute(self) -> int:
         """Compute what decoding meets most, so a line rarely waits on it: the whole-read token
-        tables of every mode, and the masks (:meth:`_plan`) of a boundary and of every state one
+        tables of every mode, the voice bonus's tables (with ``voice``), and the masks (:meth:`_plan`) of a boundary and of every state one
         token after a space leaves (a word's first token), with no phrase under way; returns how
         many states."""
         for mode in (None, _LETTERS, _APOSTROPHE, _AFTER):
             for last in (False, True):
                 self._whole(mode, last)
+        if self.voice:
+            self._voice_tables()
         seen = {(0, _BOUNDARY)}
         for i, text in enumerate(self._texts):
             if text[:1] == " " and not self._always[i] and self._simple(text):
@@ -1514,6 +1697,8 @@ class Constraints:
     are None for a file that predates them: then no vocabulary constraint and no conditional
     phrases apply. ``slot_defaults``: ``{slot: text}`` filled in where a request gives no value
     for a slot its line may hold (None or missing: such slots are blocked while sampling).
+    ``voice``: ``{kind: logits}`` (``voice_bonus`` in the file; :data:`VOICE_KINDS`): the bonus
+    that makes a request's tags audible (:meth:`WordConstraint.voice_bonus`; None: none).
     """
 
     banned_words: list[str]
@@ -1521,9 +1706,11 @@ class Constraints:
     vocabulary: tuple[str, ...] | None = None
     signatures: Mapping[str, tuple[str, ...]] | None = None
     slot_defaults: Mapping[str, str] | None = None  # what a line says for a slot the game left unfilled
+    voice: Mapping[str, float] | None = None  # the voice bonus (WordConstraint.voice_bonus), by kind
 
     def word_constraint(self, tokenizer: Tokenizer, **options: Any) -> WordConstraint:
         """The token masks these constraints make for ``tokenizer`` (options: :class:`WordConstraint`'s)."""
+        options.setdefault("voice", self.voice)
         return WordConstraint(self.banned_words, tokenizer, vocabulary=self.vocabulary,
                               signatures=self.signatures, **options)
 
@@ -1539,6 +1726,8 @@ class Constraints:
             data["signatures"] = {tag: list(p) for tag, p in sorted(self.signatures.items())}
         if self.slot_defaults:
             data["slot_defaults"] = dict(self.slot_defaults)
+        if self.voice:
+            data["voice_bonus"] = dict(self.voice)
         return data
 
     @classmethod
@@ -1570,7 +1759,12 @@ class Constraints:
         if defaults is not None and not (isinstance(defaults, dict) and all(
                 k in slot_rules.slots and isinstance(v, str) and v.strip() for k, v in defaults.items())):
             raise ValueError("slot_defaults must map known slots to non-empty text")
-        return cls(list(banned), slot_rules, vocabulary, signatures, defaults)
+        voice = data.get("voice_bonus")
+        if voice is not None:
+            if not isinstance(voice, dict):
+                raise TypeError("voice_bonus must map kinds to numbers")
+            voice = check_voice(voice)
+        return cls(list(banned), slot_rules, vocabulary, signatures, defaults, voice)
 
 
 VETO = 0.5
@@ -1601,17 +1795,19 @@ def vetoed(raw: np.ndarray, masked: np.ndarray, threshold: float = VETO, *,
     return float(1.0 / np.exp(z - z[top]).sum()) > threshold
 
 
-def restart_point(states: Sequence[WordState]) -> int:
+def restart_point(states: Sequence[WordState], *, fresh: bool = False) -> int:
     """Where a sample the constraints stopped (a veto or a dead end) is drawn again from, given
     ``states[i]``, the state after each of its tokens (the last one the state where it stopped):
     the number of its first tokens that end at its last sentence end before that (``.``, ``!``,
     ``?`` or ``...`` after a word, at a word boundary), which are kept;
     0 when there is none (the line is drawn again from its start). The sentence under way when
     the sample stopped is the one heading for what the book never says for the request, so only
-    it is drawn again; the sentences before it were allowed word by word."""
+    it is drawn again; the sentences before it were allowed word by word. ``fresh``: only a
+    sentence end with no phrase under way (where a decode that starts its masks from
+    ``WordState()`` after the kept tokens blocks what the engine blocks; the evaluation's)."""
     for k in range(len(states) - 1, 0, -1):
         s = states[k - 1]
-        if s.mode == _BOUNDARY and s.shape in (_DOT1, _END):
+        if s.mode == _BOUNDARY and s.shape in (_DOT1, _END) and not (fresh and s.phrase):
             return k
     return 0
 
@@ -1697,7 +1893,7 @@ def stop_index(text: str, stops: Sequence[str]) -> int:
     return min(hits) if hits else -1
 
 
-__all__ = ["MID_LINE", "TEXT_RULES", "BannedWordMask", "Constraints", "RepeatMemory", "SlotRules", "WordConstraint",
+__all__ = ["MID_LINE", "TEXT_RULES", "VOICE_KINDS", "BannedWordMask", "Constraints", "RepeatMemory", "SlotRules", "WordConstraint",
            "WordState",
-           "check_sampling", "constraints_file", "fill_slots", "normalise_line", "read_constraints", "restart_point",
+           "check_sampling", "check_voice", "constraints_file", "fill_slots", "normalise_line", "read_constraints", "restart_point",
            "settled_text", "stop_index", "unfilled_slots", "usable", "vetoed"]

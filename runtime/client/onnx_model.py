@@ -63,6 +63,7 @@ class FlashOnnx:
     def __init__(self, session: ort.InferenceSession, config: Mapping[str, Any], *,
                  tokenizer: Tokenizer | None = None, catalog: Mapping[str, Any] | None = None) -> None:
         self.session = session
+        self.root: Path | None = None  # the directory its files were opened from (open_files)
         self.config: dict[str, Any] = dict(config)
         self.tokenizer = tokenizer  # type: ignore[assignment]
         self.catalog: dict[str, Any] = dict(catalog or {})
@@ -123,7 +124,9 @@ class FlashOnnx:
         catalog_path = root / "catalog.json"
         catalog = json.loads(catalog_path.read_text()) if catalog_path.is_file() else {}
         session = ort.InferenceSession(str(root / file), options, providers=["CPUExecutionProvider"])
-        return cls(session, config, tokenizer=Tokenizer.load(root / "tokenizer.json"), catalog=catalog)
+        model = cls(session, config, tokenizer=Tokenizer.load(root / "tokenizer.json"), catalog=catalog)
+        model.root = root
+        return model
 
     def _all_ones(self, n: int) -> np.ndarray:
         """A read-only all-ones int64 vector of length ``n``: a view of a buffer grown on demand."""

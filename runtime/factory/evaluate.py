@@ -26,13 +26,19 @@ Generation runs through the exported ONNX graphs with onnxruntime, exactly as a 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from runtime.client.constraints import WordConstraint, WordState, restart_point, settled_text
+from runtime.client.constraints import (
+    WordConstraint,
+    WordState,
+    read_constraints,
+    restart_point,
+    settled_text,
+)
 from runtime.client.onnx_model import FlashOnnx
 from runtime.factory.linebook import Example, LineBook, load_line_book
 from runtime.factory.state_classifier import NgramClassifier
@@ -71,6 +77,9 @@ class EvalConfig:
     writer_samples: int = 1000  # lines
     writer_diversity: int = 8  # prompts sampled diversity_samples times each, for distinct-2
     book_reference: int = 5000  # book lines at most, for the book's own rates
+    # the voice bonus of the decoding (WordConstraint.voice_bonus); None: the model directory's
+    # (constraints.json's voice_bonus), as the engine loads it
+    voice: dict[str, float] | None = None
 
     @classmethod
     def fast(cls) -> EvalConfig:
@@ -85,16 +94,23 @@ class Sampler:
     Decoding is the line engine's: the word constraints the book exports (its vocabulary, and
     the signatures of every tag a request did not ask for) mask every step, except that the
     static banned words are left unblocked (``words.banned_bits(..., static=False)``), so their
-    count still measures the model where the vocabulary allows them.
+    count still measures the model where the vocabulary allows them. The voice bonus is
+    ``voice``, else ``cfg.voice``, else the model directory's (``constraints.json``), as the
+    engine loads it; ``{}`` for none.
     """
 
-    def __init__(self, model: FlashOnnx, cfg: EvalConfig, book: LineBook) -> None:
+    def __init__(self, model: FlashOnnx, cfg: EvalConfig, book: LineBook,
+                 voice: Mapping[str, float] | None = None) -> None:
         self.model = model
         self.cfg = cfg
         self.book = book
         tok = model.tokenizer
+        if voice is None:
+            voice = cfg.voice
+        if voice is None and model.root is not None:
+            voice = read_constraints(model.root).voice
         self.words = WordConstraint(book.banned_words, tok, vocabulary=book.vocabulary(),
-                                    signatures=book.signatures())
+                                    signatures=book.signatures(), voice=voice)
         self._control = [i for i in range(tok.vocab_size) if tok.is_control(i) and i != tok.eos_id]
         self._slot_ids = {s: tok.id_of(f"<slot:{s}>") for s in book.slots}
         self._blocked: dict[tuple[str, str, str], np.ndarray] = {}
@@ -126,8 +142,9 @@ class Sampler:
         todo = list(range(len(requests)))
         # a sample the constraints stop (a dead end or a veto) is drawn again from its last
         # sentence end, as the engine does (max_resamples = 2; the kept tokens go on as part of
-        # the prompt and the new sentence starts as a line starts, with no phrase under way: the
-        # engine goes on from the kept tokens' own state); where the engine would then
+        # the prompt and the new sentence's masks start as a line's, so only sentence ends with
+        # no phrase under way are restart points here: elsewhere the sample is drawn again from
+        # its start, so nothing the engine blocks slips in); where the engine would then
         # fall back, the last attempt's whole words are kept, so those count against the model
         for attempt in range(3):
             stopped = [False] * len(todo)
@@ -148,7 +165,7 @@ class Sampler:
                 ids[k] = x
             todo = [k for k, flag in zip(todo, stopped) if flag]
             for k in todo:
-                keep[k] = restart_point(self.states(ids[k]))
+                keep[k] = restart_point(self.states(ids[k]), fresh=True)
             if not todo:
                 break
         texts = [tok.decode(x) for x in ids]

@@ -585,21 +585,31 @@ def write_fallbacks(path: Path) -> None:
     path.write_text(json.dumps(table, indent=2, ensure_ascii=False) + "\n")
 
 
-def write_constraints(path: Path) -> None:
+VOICE_BONUS: dict[str, float] = {"archetype": 3.0, "persona": 8.0, "context": 6.0, "unasked": 2.0, "within": 5.0}
+"""The voice bonus written into constraints.json (:meth:`runtime.client.constraints.WordConstraint.voice_bonus`),
+chosen with ``flashnpc eval`` on the shipped model (docs/model.md, "Decoding"): signature words of
+a requested tag are worth this many logits, within 5 logits of the model's most likely token."""
+
+
+def write_constraints(path: Path, voice: dict[str, float] | None = None) -> None:
     """constraints.json (the format :func:`runtime.client.constraints.read_constraints` reads): the
     default line book's banned words and slot rules, its vocabulary (every word its lines and
     fallbacks say) and its signatures (the phrases that voice one archetype, persona trait or
-    context value only), derived here so a client never expands the book."""
+    context value only), derived here so a client never expands the book, and the voice bonus
+    (``voice``, default :data:`VOICE_BONUS`; ``{}`` for none) that makes a request's tags audible
+    with those signatures."""
     from dataclasses import replace
 
     from runtime.factory.linebook import book_constraints, load_line_book
 
     book = load_line_book()
     cons = replace(book_constraints(), vocabulary=tuple(book.vocabulary()),
-                   signatures={tag: tuple(p) for tag, p in book.signatures().items()})
+                   signatures={tag: tuple(p) for tag, p in book.signatures().items()},
+                   voice=dict(VOICE_BONUS if voice is None else voice) or None)
     path.write_text(json.dumps(cons.to_json(), ensure_ascii=False, separators=(",", ":")) + "\n")
 
 
-__all__ = ["EMBEDDINGS", "EXPORT_STAGES", "MAX_INT4_BYTES", "MOE_VARIANTS", "OPSET", "ExportError", "ExportOptions",
+__all__ = ["EMBEDDINGS", "EXPORT_STAGES", "MAX_INT4_BYTES", "MOE_VARIANTS", "OPSET", "VOICE_BONUS", "ExportError",
+           "ExportOptions",
            "build_moe_block", "build_onnx", "export_checkpoint", "io_signature", "load_checkpoint",
            "quantize_pack_int4", "save_model", "unpack_int4", "write_constraints", "write_fallbacks"]

@@ -32,7 +32,8 @@ def test_the_shipped_model_gives_model_lines_within_the_rules(gen):
     assert len(model_lines) >= 27  # a trained model is confident: its lines are kept
     assert all(x.mean_logprob > gen.min_mean_logprob for x in model_lines)
     # 30 distinct (archetype, state) prefixes: a first attempt never finds its prefix cached
-    assert not any(x.prefix_cache_hit for x in lines if x.attempts == 1)
+    # (a fallback after redraws carries its last attempt's hit, so model lines only)
+    assert not any(x.prefix_cache_hit for x in model_lines if x.attempts == 1)
     again = gen.generate(cat["archetypes"][0], cat["states"][0], seed=99, npc_id=99)
     assert again.prefix_cache_hit
 
@@ -45,7 +46,7 @@ def test_the_shipped_model_is_reproducible_and_streams_the_same_text(gen):
         stream = gen.generate_stream("innkeeper", "friendly", seed=seed, npc_id=("b", seed))
         pieces = "".join(stream)
         assert pieces == stream.line.text
-        if a.attempts == 1 and stream.line.attempts == 1:
+        if a.attempts == 1 and stream.line.attempts == 1 and not a.fallback:
             assert pieces == a.text
             compared += 1
     assert compared >= 6
