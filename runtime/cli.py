@@ -229,6 +229,8 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     blind.add_argument("--model-lines", type=int, default=100, help="model lines to rate (default 100)")
     blind.add_argument("--book-lines", type=int, default=50, help="book lines to rate (default 50)")
     blind.add_argument("--out", type=Path, required=True, help="the CSV to write (its key beside it)")
+    blind.add_argument("--no-progress", action="store_true", default=argparse.SUPPRESS,
+                       help="no progress bar on stderr")
     unblind = sub.add_parser("unblind", help="check a rated file against its key and summarise",
                              description="Read a rated FILE.csv and FILE.key.json; print shippable / "
                                          "clumsy / garbled shares per source, prompt shape and side.")

@@ -137,6 +137,7 @@ def test_commands_that_report_figures_take_json(argv):
 @pytest.mark.parametrize("argv", [
     ["export", "onnx", "--out", "x"], ["export", "mobile", "--out", "x"], ["export", "client", "--out", "x"],
     ["export", "genai", "--out", "x"], ["bundle", "verify", "x"], ["loadtest", "sync"], ["eval"],
+    ["eval", "blind", "--out", "x.csv"],
 ])
 def test_long_commands_can_turn_their_progress_bar_off(argv):
     assert build_parser().parse_args([*argv, "--no-progress"]).no_progress is True
