@@ -14,12 +14,17 @@ Each :meth:`step` (inside the core's tick, before it journals the tick):
 1. every ``lease_ms / 4``: renew the leases (an area lost to another node becomes a
    mirror), scan, acquire the free areas this node is preferred for, release the ones
    another live node is preferred for (after a checkpoint);
-2. poll Redis once: the change entries after the cursor are applied to the mirrors, and
-   the intents after each owned area's consumed id are queued;
+2. poll Redis once: the change entries after the cursor are applied to the mirrors, the
+   intents after each owned area's consumed id are queued, and the handoffs after the
+   handoff cursor that name a session this node holds go to :attr:`ClusterWorld.replaced`
+   (a hello on another node replaced it; the core ends it after the tick);
 3. finish takeovers: an acquired area's NPCs get their checkpoint (with the synced values
    the stream holds), the area is checkpointed under the new fence, its trees start;
-4. apply the talks: for an owned NPC on its tree, for any other NPC forwarded to its
-   area's intent stream (written by the tick's commit, before the talk is acknowledged);
+4. apply the intents of the owned areas' streams to their trees; every talk of this
+   node's clients goes to its NPC's area intent stream (written by the tick's commit under
+   the player's session fence, before the talk is acknowledged) and is applied by the
+   area's owner at its next poll - this node's own areas included, one tick later, so a
+   talk of a session that was replaced meanwhile is never applied;
 5. tick the owned trees.
 
 What the tick changed locally is published by :class:`~server_sync.cluster.store.RedisStore`
@@ -40,7 +45,7 @@ from typing import Any
 
 from ..sync.persistence import POS_KEY
 from ..sync.world import NpcMoveObserver, Pos, StateObserver, TreeWorld
-from .backplane import START, Backplane, Commit, DurableView, Entry, stream_id
+from .backplane import START, Backplane, Commit, DurableView, Entry, Poll, stream_id
 from .keys import area_of
 from .leases import Acquired, LeaseTable, preferred
 
@@ -86,6 +91,13 @@ class ClusterWorld:
         self.consumed: dict[str, str] = {}   # owned area -> last intent id applied
         self.cursor = START                  # last change entry applied to the mirrors
         self.remote_players: dict[str, Pos] = {}  # other nodes' players
+        #: player -> the session ("GEN NODE", :meth:`Backplane.claim`) this node holds for
+        #: it: set at the hello, kept until the player's leave is committed
+        self.player_sessions: dict[str, str] = {}
+        #: player -> a session of :attr:`player_sessions` that was replaced (a handoff, or a
+        #: commit that refused its writes): the core ends it after the tick
+        self.replaced: dict[str, str] = {}
+        self.handoffs_cursor = START          # last handoff read
         self.error: str | None = None        # the last Redis failure of step(), or None
         self._taking: list[Acquired] = []
         self._talks: list[tuple[str, str, str]] = []
@@ -165,8 +177,8 @@ class ClusterWorld:
         return {**self.remote_players, **self.inner.players}
 
     def talk(self, npc_id: str, player_id: str, intent: str) -> None:
-        """Queue a talk: applied in this tick's :meth:`step` when this node owns the NPC,
-        else forwarded to its area's intent stream by the tick's commit."""
+        """Queue a talk: this tick's commit appends it to its NPC's area intent stream, and
+        the area's owner applies it at its next poll (module docstring, step 4)."""
         if npc_id in self.area:
             self._talks.append((npc_id, player_id, intent))
 
@@ -214,21 +226,22 @@ class ClusterWorld:
             self.error = f"Redis: {type(exc).__name__}: {exc}"
             return
         self.error = None
+        inner = self.inner
         for area, rows in intents.items():
             if area not in self.owned:
                 continue
             for iid, body in rows:
-                self._talks.append((body["npc"], body["player"], body["intent"]))
+                inner.talk(body["npc"], body["player"], body["intent"])
                 self.consumed[area] = iid
                 self._consumed_dirty.add(area)
-                self.intents_consumed_total += 1
+                if body.get("n") != self.node:
+                    self.intents_consumed_total += 1
         talks, self._talks = self._talks, []
         for npc, player, intent in talks:
             area = self.area[npc]
-            if area in self.owned:
-                self.inner.talk(npc, player, intent)
-            else:
-                self._forward.append((area, {"npc": npc, "player": player, "intent": intent}))
+            self._forward.append((area, {"npc": npc, "player": player, "intent": intent,
+                                         "n": self.node}))
+            if area not in self.owned:
                 self.intents_forwarded_total += 1
         if not self.frozen:
             self.inner.step(dt)
@@ -252,6 +265,28 @@ class ClusterWorld:
         self._consumed_dirty.clear()
         c.fences = {a: self.owned[a] for a in {*c.areas, *c.consumed}}
         return c
+
+    def fence_players(self, c: Commit) -> None:
+        """Check every player ``c`` writes (its cseq, position, talks) against the session
+        this node holds for it (:attr:`player_sessions`)."""
+        held = self.player_sessions
+        players = {*c.cseq, *c.players, *(body["player"] for _, body in c.forward)}
+        c.sessions = {p: held[p] for p in players if p in held}
+
+    def committed(self, c: Commit, replaced: Iterable[str]) -> None:
+        """After the commit of ``c``: the sessions it found replaced go to :attr:`replaced`;
+        a player whose leave was committed (and who did not come back) is forgotten."""
+        for p in replaced:
+            if p in c.sessions:
+                self.replaced[p] = c.sessions[p]
+        for p, v in c.players.items():
+            if v is None and p not in self.inner.players:
+                self.player_sessions.pop(p, None)
+
+    def take_replaced(self) -> dict[str, str]:
+        """The replaced sessions found since the last call (:attr:`replaced`)."""
+        out, self.replaced = self.replaced, {}
+        return out
 
     # ---- ownership -----------------------------------------------------------------------
     def _maintain(self) -> None:
@@ -348,12 +383,20 @@ class ClusterWorld:
     # ---- the streams ---------------------------------------------------------------------
     def _poll(self) -> dict[str, list[tuple[str, dict[str, Any]]]]:
         consumed = {a: self.consumed[a] for a in self.owned}
-        entries, intents = self.backplane.poll(self.cursor, consumed, self.poll_count)
+        got = self.backplane.poll(self.cursor, consumed, self.poll_count, self.handoffs_cursor)
+        intents = got.intents
         while True:
-            self._apply_entries(entries)
-            if len(entries) < self.poll_count:
+            self._apply_entries(got.entries)
+            self._handoffs(got)
+            if len(got.entries) < self.poll_count and len(got.handoffs) < self.poll_count:
                 return intents
-            entries, _ = self.backplane.poll(self.cursor, {}, self.poll_count)
+            got = self.backplane.poll(self.cursor, {}, self.poll_count, self.handoffs_cursor)
+
+    def _handoffs(self, got: Poll) -> None:
+        self.handoffs_cursor = got.handoffs_id
+        for player, session in got.handoffs:
+            if self.player_sessions.get(player) == session:
+                self.replaced[player] = session
 
     def _apply_entries(self, entries: list[Entry]) -> None:
         inner = self.inner
@@ -415,6 +458,9 @@ class ClusterWorld:
         self._local.clear()
         self._consumed_dirty.clear()
         self._taking.clear()
+        self.player_sessions.clear()  # the core forgets every session
+        self.replaced.clear()
+        self.handoffs_cursor = view.handoffs_id
         for a in self.owned:
             self.consumed[a] = view.consumed.get(a, START)
         return self.durable_state(view)

@@ -15,6 +15,10 @@ be spread over the shards of a Redis Cluster. Keys:
 ``cseq``               hash    player -> the highest intent seq applied (deduplication)
 ``player_pos``         hash    player -> "x,y", where the player is durably
 ``player_node``        hash    player -> the node whose client the player last was
+``sessions``           hash    player -> ``"GEN NODE"``: the one session that serves the
+                               player (GEN goes up with every hello on any node)
+``handoffs``           stream  ``p`` player, ``s`` the session a hello on another node
+                               replaced (its node ends it at its next poll)
 ``nodes``              zset    node -> its last heartbeat (Redis time, ms)
 ``meta``               hash    ``world``: the world fingerprint every node must share
 =====================  ======  ============================================================
@@ -48,6 +52,8 @@ class Keys:
         self.cseq = base + "cseq"
         self.player_pos = base + "player_pos"
         self.player_node = base + "player_node"
+        self.sessions = base + "sessions"
+        self.handoffs = base + "handoffs"
         self.nodes = base + "nodes"
         self.meta = base + "meta"
 

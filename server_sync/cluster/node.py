@@ -7,23 +7,34 @@ checks the world's fingerprint against the other nodes', and returns a
 
 A client may connect to any node. Each node's core has its own epoch, so a client that
 resumes on another node gets a snapshot (the protocol's rule) and re-sends its
-unacknowledged intents; :meth:`ClusterCore.hello` first reads the player's highest applied
-``cseq`` and durable position from Redis, so intents another node already applied are
-acknowledged, not applied twice, and the player continues where it durably is.
+unacknowledged intents; :meth:`ClusterCore.hello` first claims the player in Redis
+(:meth:`~server_sync.cluster.backplane.Backplane.claim`), which reads its highest applied
+``cseq`` and durable position, so intents another node already applied are acknowledged,
+not applied twice, and the player continues where it durably is.
+
+One player, one session in the whole cluster, as on one node: the claim makes the hello's
+session the player's only one. A session another node held for the player (attached, or
+detached within its grace) is ended by that node the way one node ends a replaced
+connection - ``error replaced`` and close 1008 ``replaced: player connected again``, the
+session dropped, not kept for resume - at its next poll of the ``handoffs`` stream (every
+tick), and from the claim on nothing that session sends is written: each tick's commit
+checks every player's session (:class:`~server_sync.cluster.store.RedisStore`), so a
+replaced session's intents are neither applied nor acknowledged, and its client (if it is
+still the player's) re-sends them to the new node, which applies them once.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ..sync.core import Session, SyncCore
 from ..sync.persistence import StoreError
-from ..sync.server import ServerConfig, SyncServer
+from ..sync.server import REPLACED_REASON, ServerConfig, SyncServer
 from ..sync.world import TreeWorld
 from ..transport.wire import PROTOCOL_VERSION, Codec, ProtocolError
 from .backplane import Backplane
@@ -38,37 +49,81 @@ log = logging.getLogger("flashnpc.cluster")
 
 
 class ClusterCore(SyncCore):
-    """:class:`~server_sync.sync.core.SyncCore` whose hellos start from the player's durable
-    state in Redis (module docstring); everything else is the single-node core."""
+    """:class:`~server_sync.sync.core.SyncCore` whose hellos claim the player and start from
+    its durable state in Redis, and whose sessions another node's hello replaced are ended
+    after each tick (module docstring); everything else is the single-node core.
+
+    ``on_replaced(player)`` is called for each session ended so (the server closes its
+    connection); :attr:`replaced_total` counts them."""
 
     store: RedisStore
+    world: ClusterWorld
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.on_replaced: Callable[[str], None] | None = None
+        self.replaced_total = 0
 
     def hello(self, player_id: str, msg: dict[str, Any], codec: Codec) -> Session:
         if msg["v"] == PROTOCOL_VERSION and self.unavailable is None:
             try:
-                floor, pos = self.store.player_state(player_id)
+                claim = self.store.claim(player_id)
             except StoreError as exc:
                 raise ProtocolError("unavailable", f"the server cannot read the world now "
                                                    f"({exc}); try again later") from None
+            w = self.world
             s = self.sessions.get(player_id)
-            if s is not None and floor > s.acked:
+            if s is not None and claim.previous != w.player_sessions.get(player_id):
                 self.drop(s)  # another node served the player since: this session is stale
-            self._cseq_floor[player_id] = max(floor, self._cseq_floor.get(player_id, 0))
-            if player_id not in self.sessions and pos is not None:
-                self.world.set_player(player_id, pos)  # _spawn: where the player durably is
+            w.player_sessions[player_id] = claim.session
+            w.remote_players.pop(player_id, None)  # the player is this node's now
+            self._cseq_floor[player_id] = max(claim.cseq, self._cseq_floor.get(player_id, 0))
+            if player_id not in self.sessions and claim.pos is not None:
+                w.set_player(player_id, claim.pos)  # _spawn: where the player durably is
         return super().hello(player_id, msg, codec)
 
+    def receive(self, s: Session, msg: dict[str, Any]) -> None:
+        """The core's; a message of a session this node no longer holds is ignored."""
+        if self.sessions.get(s.player_id) is s:
+            super().receive(s, msg)
+
+    def drop(self, s: Session) -> None:
+        """The core's, and the intents the session sent this tick are dropped with it
+        (neither applied nor recorded as applied)."""
+        if self.sessions.get(s.player_id) is s:
+            self._intents = [(x, m) for x, m in self._intents if x is not s]
+        super().drop(s)
+
     def tick(self, dt: float, now: float) -> list[Session]:
-        """The core's tick; while :attr:`frozen` (``/admin/freeze``) only the owned trees
-        stop: the mirrors keep following the stream and the leases stay renewed, so frozen
-        nodes converge on one world (the load test compares them)."""
+        """The core's tick, then every session a hello on another node replaced is ended
+        (its frames of this tick, acks included, are not sent). While :attr:`frozen`
+        (``/admin/freeze``) only the owned trees stop: the mirrors keep following the
+        stream and the leases stay renewed, so frozen nodes converge on one world (the
+        load test compares them)."""
         frozen = self.frozen
         self.world.frozen = frozen
         self.frozen = False
         try:
-            return super().tick(dt, now)
+            out = super().tick(dt, now)
         finally:
             self.frozen = frozen
+        ended = [self._end_replaced(p, v) for p, v in self.world.take_replaced().items()]
+        if any(ended):
+            out = [s for s in out if self.sessions.get(s.player_id) is s]
+        return out
+
+    def _end_replaced(self, player: str, session: str) -> bool:
+        s = self.sessions.get(player)
+        if s is None or self.world.player_sessions.get(player) != session:
+            return False  # gone already, or said hello here again since
+        s.outbox.clear()
+        self.drop(s)
+        self.replaced_total += 1
+        log.info("node %s: player %s said hello on another node: its session here ended",
+                 self.world.node, player)
+        if self.on_replaced is not None:
+            self.on_replaced(player)
+        return True
 
 
 class ClusterServer(SyncServer):
@@ -80,6 +135,14 @@ class ClusterServer(SyncServer):
     def __init__(self, world: ClusterWorld, config: ServerConfig, store: RedisStore) -> None:
         super().__init__(world, config, store)  # type: ignore[arg-type]
         self.cluster = world
+        self.core.on_replaced = self._replaced  # type: ignore[attr-defined]
+
+    def _replaced(self, player: str) -> None:
+        """Close the connection of a session another node's hello replaced, as one node
+        closes a replaced connection (``error replaced``, close 1008)."""
+        ws = self.conns.pop(player, None)
+        if ws is not None:
+            self.kick(ws.state, "replaced", REPLACED_REASON, notify=True)
 
     def health(self) -> dict[str, Any]:
         h = super().health()
@@ -87,6 +150,7 @@ class ClusterServer(SyncServer):
         if status["redis_error"] is not None and self.core.unavailable is None:
             h["reasons"].append(f"Redis unreachable, nothing ticks: {status['redis_error']}")
             h["status"] = "degraded"
+        status["sessions_replaced"] = self.core.replaced_total  # type: ignore[attr-defined]
         h["cluster"] = status
         return h
 

@@ -5,8 +5,10 @@ cluster node. The core calls :meth:`RedisStore.commit_tick` once per tick before
 acknowledges anything; here that is one fenced script (:meth:`Backplane.commit
 <server_sync.cluster.backplane.Backplane.commit>`): the tick's own changes into the change
 stream, intents for NPCs of other areas into those areas' intent streams, the intents it
-consumed, each player's highest applied ``cseq`` and the players' positions. So an
-acknowledged intent is in Redis with its effects, or queued for the area that applies it.
+consumed, each player's highest applied ``cseq`` and the players' positions, each
+player's under the session this node holds for it. So an acknowledged intent is in Redis
+with its effects, or queued for the area that applies it; a player whose session a hello on
+another node replaced gets nothing written (the core ends that session, unacknowledged).
 How durable Redis makes a write is Redis's ``appendfsync``: ``always`` before it replies,
 ``everysec`` within a second (docs/scale_out.md). :meth:`write_snapshot` checkpoints the
 owned areas; :meth:`recover` is the durable view (checkpoints plus the stream after them).
@@ -23,7 +25,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..sync.persistence import PLAYER_KEY, IntentRecord, Recovery, StoreError
-from .backplane import Fenced
+from .backplane import Claim, Fenced
 from .cluster_world import REDIS_ERRORS, ClusterWorld
 
 __all__ = ["RedisStore"]
@@ -55,8 +57,9 @@ class RedisStore:
                 c.players[pid] = value
         if not c:
             return
+        self.world.fence_players(c)
         try:
-            self.backplane.commit(c)
+            _, replaced = self.backplane.commit(c)
         except Fenced as exc:
             self.world.lose([exc.area])
             raise StoreError(f"journal write refused: {exc}") from None
@@ -64,6 +67,7 @@ class RedisStore:
             raise self._failed("journal write", exc) from None
         except ValueError as exc:  # a value JSON cannot hold
             raise StoreError(f"journal write failed: {exc}") from None
+        self.world.committed(c, replaced)
         self.commits_total += 1
 
     def write_snapshot(self, world_state: dict[str, Any]) -> None:
@@ -84,12 +88,14 @@ class RedisStore:
         saves, changes = self.world.reset(view)
         return Recovery({"npcs": saves}, changes)
 
-    def player_state(self, player: str) -> tuple[int, tuple[float, float] | None]:
-        """The player's highest applied intent seq and durable position (StoreError)."""
+    def claim(self, player: str) -> Claim:
+        """A hello: the player's session becomes this node's; its highest applied intent
+        seq and durable position (:meth:`Backplane.claim
+        <server_sync.cluster.backplane.Backplane.claim>`; StoreError)."""
         try:
-            return self.backplane.player_state(player)
+            return self.backplane.claim(player)
         except REDIS_ERRORS as exc:
-            raise self._failed("reading the player", exc) from None
+            raise self._failed("claiming the player", exc) from None
 
     def close(self) -> None:
         """Hand the areas over (checkpoint and release, best effort) and disconnect."""

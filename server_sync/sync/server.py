@@ -42,6 +42,9 @@ __all__ = ["RateBucket", "ServerConfig", "SyncServer", "close_with", "ws_frame"]
 
 log = logging.getLogger("flashnpc.server_sync")
 
+#: the reason of the ``replaced`` error and close: the player said hello on another connection
+REPLACED_REASON = "player connected again"
+
 # bucket bounds (seconds) of flashnpc_sync_tick_duration_seconds: 20 Hz gives a tick 50 ms
 TICK_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
@@ -216,7 +219,7 @@ class SyncServer(GatedServer):
         assert isinstance(conn, _Conn) and conn.player is not None
         old = self.conns.pop(conn.player, None)
         if old is not None:  # often a dropped link the server has not noticed yet
-            self.kick(old.state, "replaced", "player connected again", notify=True)
+            self.kick(old.state, "replaced", REPLACED_REASON, notify=True)
         conn.session = self.core.hello(conn.player, hello, conn.codec)
         self.conns[conn.player] = conn.ws
         self._flush(conn.session)

@@ -102,3 +102,11 @@ def cluster_node(redis_url: str, name: str, *, lease_ms: int = 600, **config):
                                 size=WORLD["size"], seed=WORLD["seed"]),
                       ServerConfig(**cfg), redis_url, node_id=name, area_size=250.0,
                       lease_ms=lease_ms)
+
+
+def all_owned(*nodes) -> bool:
+    """Every area has exactly one owner among ``nodes``, and each node owns some."""
+    owned = [set(n.cluster.owned) for n in nodes]
+    total = set().union(*owned)
+    return (len(total) == len(nodes[0].cluster.areas) and sum(map(len, owned)) == len(total)
+            and all(owned))

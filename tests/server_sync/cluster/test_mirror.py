@@ -8,14 +8,7 @@ import asyncio
 from server_sync import Client
 
 from ..conftest import token, until
-from .conftest import cluster_node
-
-
-def all_owned(*nodes):
-    owned = [set(n.cluster.owned) for n in nodes]
-    total = set().union(*owned)
-    return (len(total) == len(nodes[0].cluster.areas) and sum(map(len, owned)) == len(total)
-            and all(owned))
+from .conftest import all_owned, cluster_node
 
 
 async def test_a_client_gets_the_deltas_of_an_npc_another_node_simulates(redis_server):
