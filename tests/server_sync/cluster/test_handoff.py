@@ -105,6 +105,13 @@ def two_npcs(a, b) -> tuple[str, str, tuple[float, float]]:
     return x, y, ((x0 + x1) / 2, (y0 + y1) / 2)
 
 
+async def player_on_a(a, b) -> tuple[Counter, str, str, tuple[float, float], Link]:
+    """Spy on the talks, pick :func:`two_npcs`, connect the player to a next to both."""
+    applied = spy_talks(a, b)
+    npc_a, npc_b, here = two_npcs(a, b)
+    return applied, npc_a, npc_b, here, await Link().open(a.port, here)
+
+
 @contextlib.asynccontextmanager
 async def two_nodes(redis_server):
     async with cluster_node(redis_server.url, "a") as a, \
@@ -159,10 +166,7 @@ async def test_a_hello_on_another_node_closes_the_first_connection_replaced_and_
         redis_server):
     r = redis_server.client()
     async with two_nodes(redis_server) as (a, b):
-        applied = spy_talks(a, b)
-        npc_a, npc_b, here = two_npcs(a, b)
-        x, y = here
-        on_a = await Link().open(a.port, here)
+        applied, npc_a, npc_b, (x, y), on_a = await player_on_a(a, b)
         on_a.send(1, talk=(npc_a, "greet"))  # a simulates npc_a: a talk to its own area
         on_a.send(2, talk=(npc_b, "greet"))  # forwarded to b's area
         on_a.send(3, pos=(x + 1.0, y))
@@ -214,10 +218,7 @@ async def test_a_hello_on_another_node_closes_the_first_connection_replaced_and_
 async def test_a_replaced_session_that_keeps_sending_gets_nothing_applied(redis_server):
     r = redis_server.client()
     async with two_nodes(redis_server) as (a, b):
-        applied = spy_talks(a, b)
-        npc_a, npc_b, here = two_npcs(a, b)
-        x, y = here
-        on_a = await Link().open(a.port, here)
+        applied, npc_a, npc_b, (x, y), on_a = await player_on_a(a, b)
         on_a.send(1, talk=(npc_a, "greet"))
         await until(lambda: on_a.acked == 1, 10, "a acknowledges 1")
         a.cluster.handoffs_cursor = "99999999999999-0"  # a has not read the handoff yet:
@@ -242,9 +243,8 @@ async def test_a_replaced_session_that_keeps_sending_gets_nothing_applied(redis_
 async def test_a_detached_session_is_dropped_not_resumed_when_the_player_says_hello_elsewhere(
         redis_server):
     async with two_nodes(redis_server) as (a, b):
-        _, _, here = two_npcs(a, b)
-        on_a = await Link().open(a.port, here)
-        on_a.send(1, pos=(here[0] + 1.0, here[1]))
+        _, _, _, (x, y), on_a = await player_on_a(a, b)
+        on_a.send(1, pos=(x + 1.0, y))
         await until(lambda: on_a.acked == 1, 10, "a acknowledges 1")
         resume = {"epoch": on_a.snapshot["epoch"], "seq": a.core.sessions[PLAYER].seq}
         on_a.ws.abort()  # the link drops: a keeps the session for its grace
