@@ -279,6 +279,8 @@ class _Voice(NamedTuple):
     end_val: np.ndarray
     worth: list[tuple[int, float]]
     live: np.ndarray
+    at_boundary: np.ndarray  # [vocab] the bonus at a word boundary: ``val`` at ``idx``, else 0 (read-only)
+    at_end: np.ndarray  # [vocab] ``end_val`` at ``end_idx``, else 0 (read-only)
 
 
 VOICE_KINDS = ("archetype", "persona", "context", "unasked", "within")
@@ -1096,16 +1098,41 @@ class WordConstraint:
         ``voice["within"]`` logits of the row's largest (the model's most likely token)."""
         ban = self._default if banned is None else banned
         base, out = self._pieces(state, last, ban)
-        if self.voice:
-            bonus = self._bonus(row, state, ban)
+        bonus = self._bonus_row(state, ban) if self.voice else None
+        near = None
+        if bonus is not None:
+            within = self.voice.get("within")
+            if within is not None:
+                top = row.max() - within
+                if top == top:  # (no NaN in the row: else every token gets its bonus, as in _bonus)
+                    near = row >= top
         np.putmask(row, base, _NEG_INF)
         if len(out) > 2:
             row[np.concatenate(out)] = _NEG_INF
         else:
             for toks in out:
                 row[toks] = _NEG_INF
-        if self.voice:
-            row += bonus
+        if bonus is not None:
+            if near is None:
+                row += bonus
+            else:  # row += _bonus(raw, ...): the tokens far below the top get nothing
+                np.add(row, bonus, out=row, where=near)
+
+    def masked_row(self, raw: np.ndarray, state: WordState, *, last: bool = False, banned: int | None = None,
+                   block: np.ndarray | Sequence[int] | None = None) -> tuple[np.ndarray, bool]:
+        """What every engine samples a token from (the client's :class:`runtime.client.generator.LineGenerator`,
+        the server's batched engines, :func:`runtime.serving.batch_generate.generate_ids_batch`):
+        ``(row, veto)``, where ``row`` is a float32 copy of the logits row ``raw`` with
+        :meth:`mask_logits` applied (the masks and the voice bonus) and -inf at ``block`` (the
+        request's own blocked ids, e.g. slot tokens it may not use), and ``veto`` is
+        :func:`vetoed` (``raw``, ``row``, ``state``): the sample should be abandoned and drawn
+        again. ``eos`` before ``min_tokens`` is the caller's (a line asked to go on is not
+        derailing, so it is held back after the veto is judged)."""
+        row = raw.astype(np.float32, copy=True)
+        self.mask_logits(row, state, last=last, banned=banned)
+        if block is not None and len(block):
+            row[block] = _NEG_INF
+        return row, vetoed(raw, row, state=state)
 
     # ------------------------------------------------------------ voice bonus
 
@@ -1195,7 +1222,11 @@ class WordConstraint:
         worth = [(bit, size.get(kind, 0.0)) for bit, kind in
                  [(self._tag_bit[t], t.split(":", 1)[0]) for t in self.tags[3:]] if not bit & ban]
         live = phi != 0.0
-        return _Voice(phi, idx, w0[idx], idx[ends], w0[idx][ends], [(b, w) for b, w in worth if w], live)
+        at_end = np.zeros(self.vocab_size, dtype=np.float32)
+        at_end[idx[ends]] = w0[idx][ends]
+        w0.flags.writeable = at_end.flags.writeable = False
+        return _Voice(phi, idx, w0[idx], idx[ends], w0[idx][ends], [(b, w) for b, w in worth if w], live,
+                      w0, at_end)
 
     def _voice_sizes(self, ban: int) -> dict[str, float]:
         """The worth of a signature word per kind for a request banning ``ban``: ``voice[kind]``,
@@ -1217,29 +1248,37 @@ class WordConstraint:
 
     def _add_voice(self, row: np.ndarray, state: WordState, ban: int) -> None:
         """Add the voice bonus (:meth:`voice_bonus`) of ``state`` to ``row`` in place."""
+        bonus = self._bonus_row(state, ban)
+        if bonus is not None:
+            row += bonus
+
+    def _bonus_row(self, state: WordState, ban: int) -> np.ndarray | None:
+        """The voice bonus [vocab] of ``state`` (:meth:`voice_bonus`), None where it is 0
+        everywhere; read-only where it is the request's own (at a word boundary: the bonus of
+        the words a token starts; inside a word with no potential under way: that of the
+        tokens ending it), else a new array: the end of the word's worth on every token (what
+        ending the word is worth, before the next one starts), the tokens ending it, and the
+        potential difference of the tokens going on with it."""
         v = self._voice_for(ban)
         node, mode, q = state[0], state[1], state[2]
         if mode == _BOUNDARY:
-            if len(v.idx):
-                row[v.idx] += v.val
-            return
+            return v.at_boundary if len(v.idx) else None
         if node < 0:
-            return
+            return None
         worth = 0.0
         if v.worth:
             bits = self._end(node, q)[1]
             if bits:
                 worth = float(sum(w for b, w in v.worth if bits & b))
         here = float(v.phi[node])
-        step = worth - here  # what ending the word is worth, before the next one starts
-        if step:
-            row += step
-        if len(v.end_idx):
-            row[v.end_idx] += v.end_val
-        if step or v.live[node]:
-            toks, reached, _ = self._lead_arrays(node, mode)
-            if len(toks):
-                row[toks] += v.phi[reached] - (here + step)
+        step = worth - here
+        if not (step or v.live[node]):
+            return v.at_end if len(v.end_idx) else None
+        bonus = v.at_end + step  # (at_end is 0 but at the tokens ending the word first)
+        toks, reached, _ = self._lead_arrays(node, mode)
+        if len(toks):
+            bonus[toks] += v.phi[reached] - (here + step)
+        return bonus
 
     def _pieces(self, state: WordState, last: bool, ban: int) -> tuple[np.ndarray, list[np.ndarray]]:
         """A state's mask for a request as (the mask its plan keeps for every request, the token
@@ -1405,12 +1444,6 @@ class WordConstraint:
         mode, last = base_id >> 2, bool(base_id & 2)
         idx = self._whole(None if mode == _BOUNDARY else mode, last).select(ban)
         return (idx,) if len(idx) else ()
-
-    def fill_blocked(self, out: np.ndarray, states: Sequence[WordState], last: np.ndarray,
-                     banned: Sequence[int | None]) -> None:
-        """``out[i] = blocked(states[i], last=last[i], banned=banned[i])`` for a batch of rows."""
-        for i, st in enumerate(states):
-            out[i] = self.blocked(st, last=bool(last[i]), banned=banned[i])
 
     def blocked_exact(self, state: WordState, *, last: bool = False, banned: int | None = None) -> np.ndarray:
         """:meth:`blocked` computed token by token with the reference reader (slow)."""

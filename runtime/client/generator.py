@@ -69,7 +69,6 @@ from runtime.client.constraints import (
     settled_text,
     stop_index,
     usable,
-    vetoed,
 )
 from runtime.client.errors import BundleError, ModelLoadError
 from runtime.client.fallback import FallbackBook
@@ -1001,13 +1000,11 @@ class LineGenerator:
 
     def _sample(self, r: _Row, logits: np.ndarray, eos: int) -> int | None:
         """Sample the next token of ``r`` with its masks applied (None if every token is blocked)."""
-        row = logits.astype(np.float32, copy=True)
         n = len(r.tokens)
-        self.mask.mask_logits(row, r.state, last=n + 1 >= r.budget, banned=r.prep.banned)
-        if r.prep.slot_block is not None:
-            row[r.prep.slot_block] = -np.inf
+        row, veto = self.mask.masked_row(logits, r.state, last=n + 1 >= r.budget, banned=r.prep.banned,
+                                         block=r.prep.slot_block)
         # judged before min_tokens holds eos back: a line asked to go on is not derailing
-        if vetoed(logits, row, state=r.state):
+        if veto:
             r.vetoed = True
             return None
         if n < r.prep.req.min_tokens:

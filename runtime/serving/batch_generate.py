@@ -6,9 +6,9 @@ until all rows have emitted ``eos`` or ``max_tokens`` is reached; finished rows 
 Each row samples with its own seeded generator, so a row's tokens do not depend on which other
 rows share its batch. With ``words`` (a :class:`runtime.client.constraints.WordConstraint`) every row is
 masked as :class:`runtime.client.generator.LineGenerator` masks it: the same per-state masks, the last
-token of the budget ending the word, and a row whose every token is blocked, or whose most
-likely token is blocked and holds more than half the probability (:func:`runtime.client.constraints.vetoed`),
-stops there; ``stopped`` reports which rows did, so a caller can draw them again as the engine
+token of the budget ending the word, the voice bonus, and a row whose every token is blocked, or whose most
+likely token is blocked and holds more than half the probability (:func:`runtime.client.constraints.vetoed`,
+never inside an ellipsis), stops there — one implementation, :meth:`WordConstraint.masked_row`; ``stopped`` reports which rows did, so a caller can draw them again as the engine
 does.
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from runtime.client.constraints import WordConstraint, WordState, vetoed
+from runtime.client.constraints import WordConstraint, WordState
 from runtime.client.onnx_model import FlashOnnx, decode_rows
 from runtime.client.sampling import sample_next
 
@@ -101,20 +101,19 @@ def _generate_group(
     logits, past, _ = model.step(np.asarray(prompts, dtype=np.int64), None)
 
     def pick(r: int, row_logits: np.ndarray) -> tuple[int | None, bool]:
-        raw = row_logits
         ids_r = blocked[r]
-        if words is not None or (ids_r is not None and len(ids_r)):
+        if words is not None:  # the client engine's masks, bonus and veto (WordConstraint.masked_row)
+            row_logits, veto = words.masked_row(row_logits, states[r], last=len(result[r]) + 1 >= max_tokens,
+                                                banned=banned[r], block=ids_r)
+            if not np.isfinite(row_logits).any():
+                stopped[r] = states[r].mode != 0  # a dead end inside a word; at a boundary it reads as eos
+                return None, False
+            if veto:
+                stopped[r] = True
+                return None, False
+        elif ids_r is not None and len(ids_r):
             row_logits = row_logits.copy()
-        if words is not None:
-            words.mask_logits(row_logits, states[r], last=len(result[r]) + 1 >= max_tokens, banned=banned[r])
-        if ids_r is not None and len(ids_r):
             row_logits[ids_r] = -np.inf
-        if words is not None and not np.isfinite(row_logits).any():
-            stopped[r] = states[r].mode != 0  # a dead end inside a word; at a boundary it reads as eos
-            return None, False
-        if words is not None and vetoed(raw, row_logits):
-            stopped[r] = True
-            return None, False
         nxt = sample_next(row_logits, rngs[r], temperature=temperature, top_k=top_k, top_p=top_p)
         if nxt == eos:
             return None, False

@@ -26,11 +26,12 @@ see :func:`load_flash`) over a continuously changing batch:
 
 Sampling has the semantics of :func:`runtime.client.sampling.sample_next` (temperature, top-k, top-p,
 greedy at temperature 0, the draw ``searchsorted(cdf, u * cdf[-1])`` over the id-ordered cdf)
-vectorised over the batch in float64, and the same masks as the client engine: the word
-constraints (:class:`runtime.client.constraints.WordConstraint`: vocabulary, banned words, the
-signatures of the tags a request did not ask for, built on the host per row and sent to the
-device once per step), control tokens, per-request blocked slot tokens, ``eos`` before
-``min_tokens``. The uniform ``u`` of a row's ``n``-th token is a counter-based
+vectorised over the batch in float64, and the same masks as the client engine, by the same
+code (:meth:`runtime.client.constraints.WordConstraint.masked_row`, per row on the host, the rows
+sent to the device once per step): the word constraints (vocabulary, banned words, the
+signatures of the tags a request did not ask for, the text rules), the voice bonus of the tags
+it asked for, per-request blocked slot tokens, the veto (ellipsis exemption included); then
+``eos`` before ``min_tokens``. The uniform ``u`` of a row's ``n``-th token is a counter-based
 hash of (request seed, n), so a request's line does not depend on which other requests share
 its batch: batched output equals single-request output for the same seed.
 """
@@ -40,7 +41,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import threading
 import time
 from collections import deque
@@ -54,7 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from runtime.client.constraints import VETO, WordConstraint, WordState
+from runtime.client.constraints import WordConstraint, WordState
 from runtime.factory.model import MLP, Flash, FlashConfig, MoE
 from runtime.factory.quant import fake_quant_int4
 from runtime.paths import DEFAULT_MODEL_DIR
@@ -426,7 +426,7 @@ class BatchedEngine:
         """The per-row decoding state every engine shares (needs ``config``, ``tokenizer`` and
         ``device`` set): sampling masks, slot arrays, the waiting queue. ``words`` may be shared
         with other engines (it is thread-safe)."""
-        cfg, dev = self.config, self.device
+        cfg = self.config
         self.max_batch = max_batch
         self.max_prefill_tokens = max_prefill_tokens or max(256, max_batch)
         self.n_head, self.head_dim = cfg.n_head, cfg.n_embd // cfg.n_head
@@ -436,9 +436,9 @@ class BatchedEngine:
             raise ValueError(f"word constraint vocab {words.tokenizer.vocab_size} != model vocab {cfg.vocab_size}")
         self.words = words
         words.precompute()
-        # the word constraints' masks of a step's rows, built on the host and sent over at once
-        self._word_mask = np.zeros((max_batch, cfg.vocab_size), dtype=bool)
-        self._extra_block = torch.zeros((max_batch, cfg.vocab_size), dtype=torch.bool, device=dev)
+        # a step's rows with the word constraints applied (WordConstraint.masked_row), built on
+        # the host and sent over at once
+        self._masked = np.zeros((max_batch, cfg.vocab_size), dtype=np.float32)
         # per-slot decoding state (row i of the running batch is slot i)
         s = max_batch
         self._n = np.zeros(s, dtype=np.int64)          # tokens sampled
@@ -451,6 +451,7 @@ class BatchedEngine:
         self._state = np.empty(s, dtype=object)  # word-constraint state per row
         self._state[:] = [None] * s
         self._banned = np.full(s, None, dtype=object)  # the request's banned tags
+        self._block = np.full(s, None, dtype=object)  # the request's own blocked ids (blocked_tokens)
         self._lp = np.zeros(s, dtype=np.float64)
         self._conf = np.zeros(s, dtype=np.float64)
         self._next = np.zeros(s, dtype=np.int64)       # input token of the next decode step
@@ -459,7 +460,7 @@ class BatchedEngine:
         self._toks = np.zeros((s, cfg.block_size), dtype=np.int64)
         self._times = np.zeros((s, cfg.block_size), dtype=np.float64)
         self._slot_arrays = [self._n, self._budget, self._min, self._temp, self._topk, self._topp, self._key,
-                             self._state, self._banned, self._lp, self._conf, self._next, self._pos, self._cb,
+                             self._state, self._banned, self._block, self._lp, self._conf, self._next, self._pos, self._cb,
                              self._toks, self._times]
         self.eos = self.tokenizer.eos_id
         self._waiting: deque[_Seq] = deque()
@@ -632,12 +633,9 @@ class BatchedEngine:
         self._conf[sl] = 0.0
         self._pos[sl] = 0
         self._cb[sl] = [r.on_token is not None for r in reqs]
-        self._extra_block[sl] = False
-        ban_rows = [first_slot + j for j, r in enumerate(reqs) for _ in r.blocked_tokens]
-        if ban_rows:
-            ban_cols = [int(t) for r in reqs for t in r.blocked_tokens]
-            self._extra_block[torch.as_tensor(ban_rows, device=self.device),
-                              torch.as_tensor(ban_cols, device=self.device)] = True
+        for j, r in enumerate(reqs):
+            self._block[first_slot + j] = (np.asarray([int(t) for t in r.blocked_tokens], dtype=np.int64)
+                                           if len(r.blocked_tokens) else None)
         cache = self.block_cache
         if cache is None:
             return new
@@ -903,26 +901,35 @@ class BatchedEngine:
     def _sample(self, logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(token per row, -1 where every token is blocked or the sample is vetoed; its
         log-probability; whether it was vetoed: the most likely token blocked and holding more
-        than VETO of the probability, as :func:`runtime.client.constraints.vetoed`)."""
+        than half of the probability outside an ellipsis: :func:`runtime.client.constraints.vetoed`).
+        The masks, the voice bonus and the veto are the client engine's own
+        (:meth:`runtime.client.constraints.WordConstraint.masked_row`, on the host); min_tokens
+        and sampling run on the device."""
         b = len(self.rows)
         dev = self.device
         n = self._n[:b]
         host = np.stack([n + 1 >= self._budget[:b], n < self._min[:b], self._temp[:b],
                          self._topk[:b], self._topp[:b], n], axis=1).astype(np.float64)
-        self.words.fill_blocked(self._word_mask, self._state[:b], host[:, 0], self._banned[:b])
+        # the client engine's masks, voice bonus and veto, row by row on the host (one
+        # implementation: WordConstraint.masked_row), sent to the device at once
+        raw = logits.float().cpu().numpy()
+        rows = self._masked[:b]
+        veto_h = np.zeros(b, dtype=bool)
+        masked_row = self.words.masked_row
+        for i in range(b):
+            rows[i], veto_h[i] = masked_row(raw[i], self._state[i], last=bool(host[i, 0]), banned=self._banned[i],
+                                            block=self._block[i])
         keys = torch.as_tensor(self._key[:b], device=dev)
         hd = torch.as_tensor(host, device=dev)
-        blocked = torch.as_tensor(self._word_mask[:b], device=dev) | self._extra_block[:b]
-        # judged before min_tokens holds eos back: a line asked to go on is not derailing
-        lse = torch.logsumexp(logits, dim=-1)
-        top = logits.argmax(dim=-1, keepdim=True)
-        veto = blocked.gather(1, top).squeeze(1) & (logits.gather(1, top).squeeze(1) - lse > math.log(VETO))
-        blocked[:, self.eos] |= hd[:, 1] > 0
-        masked = logits.masked_fill(blocked, float("-inf"))
+        lse = torch.logsumexp(logits.float(), dim=-1)
+        veto = torch.as_tensor(veto_h, device=dev)
+        masked = torch.as_tensor(rows, device=dev)
+        # judged (the veto) before min_tokens holds eos back: a line asked to go on is not derailing
+        masked[:, self.eos] = masked[:, self.eos].masked_fill(hd[:, 1] > 0, float("-inf"))
         alive = torch.isfinite(masked).any(dim=-1) & ~veto
         u = counter_uniform(keys, hd[:, 5].long())
         tok = sample_rows(masked.masked_fill(~alive.unsqueeze(1), 0.0), u, hd[:, 2], hd[:, 3].long(), hd[:, 4])
-        lp = logits.gather(1, tok.unsqueeze(1)).squeeze(1) - lse
+        lp = logits.float().gather(1, tok.unsqueeze(1)).squeeze(1) - lse
         return torch.where(alive, tok, torch.full_like(tok, -1)), lp, veto
 
     # ------------------------------------------------------------ bookkeeping
@@ -944,7 +951,6 @@ class BatchedEngine:
             order[holes] = movers
             dst = torch.as_tensor(holes, device=self.device)
             src = torch.as_tensor(movers, device=self.device)
-            self._extra_block[dst] = self._extra_block[src]
             for arr in self._slot_arrays:
                 arr[holes] = arr[movers]
         self._compact_kv(order, dst, src, movers)
