@@ -83,6 +83,7 @@ import numpy as np
 from runtime.paths import DEFAULT_MODEL_DIR
 
 if TYPE_CHECKING:
+    from runtime.client.bigrams import BigramMask, BigramTable
     from runtime.tokenizer import Tokenizer
 
 _WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
@@ -118,6 +119,10 @@ class WordState(NamedTuple):
     punctuation and case automaton's state (0 at the line's start, :data:`MID_LINE`'s after a
     word); ``echo`` the last completed word (its trie node) or slot (``len(trie) + token id``)
     when only spaces followed it, which the next word or slot may not repeat (-1: none).
+
+    ``prev``: the bigram table's part (:mod:`runtime.client.bigrams`, only with one): the id of
+    the last word or slot completed in the sentence piece under way (the word before the one
+    being spelled), ``bigrams.PIECE`` (-1) at a piece start, ``bigrams.ANY`` (-2) where unknown.
     """
 
     node: int = 0
@@ -125,6 +130,7 @@ class WordState(NamedTuple):
     phrase: int = 0
     shape: int = 0
     echo: int = -1
+    prev: int = -1
 
 
 # ---------------------------------------------------------------- text rules (punctuation, case)
@@ -365,7 +371,8 @@ class WordConstraint:
 
     def __init__(self, words: Iterable[str], tokenizer: Tokenizer, *, vocabulary: Iterable[str] | None = None,
                  signatures: Mapping[str, Iterable[str]] | None = None, max_states: int = 4096,
-                 text_rules: bool = True, voice: Mapping[str, float] | None = None) -> None:
+                 text_rules: bool = True, voice: Mapping[str, float] | None = None,
+                 bigrams: BigramTable | None = None) -> None:
         self.tokenizer = tokenizer
         self.text_rules = text_rules
         self.voice = check_voice(voice)
@@ -400,6 +407,10 @@ class WordConstraint:
         self._fixed: dict[Hashable, Any] = {}  # per mode: whole-token groups, exact tokens
         self._voices = _Memo(max_states)  # per request: its voice bonus (_Voice), by banned tags
         self._voice_table: tuple[np.ndarray, np.ndarray, list[tuple[int, str]]] | None = None
+        self._bigrams: BigramMask | None = None
+        if bigrams is not None:  # (the bigram masks: runtime.client.bigrams)
+            from runtime.client.bigrams import BigramMask
+            self._bigrams = BigramMask(bigrams, self, max_states)
 
     # ------------------------------------------------------------ building
 
@@ -1040,11 +1051,17 @@ class WordConstraint:
         return new._replace(shape=moved[0], echo=moved[1])
 
     def step(self, state: WordState, token_id: int) -> WordState:
+        """The state after ``token_id`` was emitted (request-independent; :meth:`_step_words`,
+        then with a bigram table its ``prev``: :meth:`runtime.client.bigrams.BigramMask.after`)."""
+        new = self._step_words(state, token_id)
+        return new if self._bigrams is None else self._bigrams.after(state, token_id, new)
+
+    def _step_words(self, state: WordState, token_id: int) -> WordState:
         """The state after ``token_id`` was emitted (request-independent): :meth:`_read`, with
         shortcuts for a token read whole from a boundary (at one, or ending the word spelled)
         and for one that only adds letters to the word (its lead walks the trie); then the text
         rules' part (the shape from its table, the echo as :meth:`_text_read` moves it)."""
-        node, mode, q, shape, echo = state
+        node, mode, q, shape, echo = state[:5]
         shape = self._shape_next[shape][token_id]
         if shape < 0:  # (a token the masks block: read on from mid-line)
             shape = _OTHER
@@ -1308,6 +1325,10 @@ class WordConstraint:
                     rule = self._rules.get(key, lambda: self._rule_part(state, last))
                 if len(rule):
                     out.append(rule)
+        if self._bigrams is not None:
+            pairs = self._bigrams.blocked(state, last)
+            if len(pairs):
+                out.append(pairs)
         return plan.mask, out
 
     def _rule_part(self, state: WordState, last: bool) -> np.ndarray:
@@ -1323,7 +1344,7 @@ class WordConstraint:
         """The tokens that would write a doubled word or slot (:meth:`_text_chars`' rules): in a
         word that is the echo, every token ending it; a word or slot right after itself at the
         end of the line, or where the repeated word is a trie leaf (a dead end)."""
-        node, mode, _q, _shape, echo = state
+        node, mode, _q, _shape, echo = state[:5]
         out: list[np.ndarray] = []
         if mode == _BOUNDARY:
             if echo >= self._slot_base:
@@ -1455,6 +1476,8 @@ class WordConstraint:
                 new, ok, bits = self._read(state, text, end)
                 mask[i] = (not ok or bool(bits & ban) or (not end and self._stuck(new, ban))
                            or (self.text_rules and self._text_read(state, i, end) is None))
+        if self._bigrams is not None:
+            mask |= self._bigrams.blocked_exact(state, last)
         return mask
 
     # ------------------------------------------------------------ fast masks
@@ -1732,6 +1755,8 @@ class Constraints:
     for a slot its line may hold (None or missing: such slots are blocked while sampling).
     ``voice``: ``{kind: logits}`` (``voice_bonus`` in the file; :data:`VOICE_KINDS`): the bonus
     that makes a request's tags audible (:meth:`WordConstraint.voice_bonus`; None: none).
+    ``bigrams``: which words may follow which inside a sentence piece
+    (:class:`runtime.client.bigrams.BigramTable`, ``bigrams`` in the file; None: no such rule).
     """
 
     banned_words: list[str]
@@ -1740,10 +1765,12 @@ class Constraints:
     signatures: Mapping[str, tuple[str, ...]] | None = None
     slot_defaults: Mapping[str, str] | None = None  # what a line says for a slot the game left unfilled
     voice: Mapping[str, float] | None = None  # the voice bonus (WordConstraint.voice_bonus), by kind
+    bigrams: BigramTable | None = None  # the book's word bigrams (runtime.client.bigrams)
 
     def word_constraint(self, tokenizer: Tokenizer, **options: Any) -> WordConstraint:
         """The token masks these constraints make for ``tokenizer`` (options: :class:`WordConstraint`'s)."""
         options.setdefault("voice", self.voice)
+        options.setdefault("bigrams", self.bigrams)
         return WordConstraint(self.banned_words, tokenizer, vocabulary=self.vocabulary,
                               signatures=self.signatures, **options)
 
@@ -1761,6 +1788,8 @@ class Constraints:
             data["slot_defaults"] = dict(self.slot_defaults)
         if self.voice:
             data["voice_bonus"] = dict(self.voice)
+        if self.bigrams is not None:
+            data["bigrams"] = self.bigrams.to_json()
         return data
 
     @classmethod
@@ -1797,7 +1826,11 @@ class Constraints:
             if not isinstance(voice, dict):
                 raise TypeError("voice_bonus must map kinds to numbers")
             voice = check_voice(voice)
-        return cls(list(banned), slot_rules, vocabulary, signatures, defaults, voice)
+        bigrams = None
+        if data.get("bigrams") is not None:
+            from runtime.client.bigrams import table_of
+            bigrams = table_of(data, vocabulary, slot_rules.slots)
+        return cls(list(banned), slot_rules, vocabulary, signatures, defaults, voice, bigrams)
 
 
 VETO = 0.5

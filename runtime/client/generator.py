@@ -54,6 +54,7 @@ from typing import Any
 
 import numpy as np
 
+from runtime.client.bigrams import BigramTable
 from runtime.client.constraints import (
     Constraints,
     RepeatMemory,
@@ -227,7 +228,9 @@ class LineGenerator:
     ``signatures`` make the word constraints (:class:`runtime.client.constraints.WordConstraint`,
     ``self.mask``); a request bans the signatures of the tags it did not ask for. ``voice``
     (``constraints.json``'s ``voice_bonus`` when loaded): the logit bonus that makes the tags it
-    asked for audible (:meth:`runtime.client.constraints.WordConstraint.voice_bonus`).
+    asked for audible (:meth:`runtime.client.constraints.WordConstraint.voice_bonus`). ``bigrams``
+    (``constraints.json``'s ``bigrams`` when loaded; :class:`runtime.client.bigrams.BigramTable`):
+    words inside a sentence piece only follow the words the book has them follow.
     """
 
     def __init__(self, model: FlashOnnx | None, *, catalog: Mapping[str, Any], fallbacks: FallbackBook,
@@ -237,7 +240,7 @@ class LineGenerator:
                  name: str = "flash", temperature: float = 0.8, top_p: float = 0.95, top_k: int = 0,
                  repeat_window: int = 8, max_resamples: int = 2, workers: int = 1,
                  slot_defaults: Mapping[str, str] | None = None, min_mean_logprob: float | None = -5.0,
-                 voice: Mapping[str, float] | None = None) -> None:
+                 voice: Mapping[str, float] | None = None, bigrams: BigramTable | None = None) -> None:
         check_sampling(temperature, top_k, top_p, 1)
         if max_resamples < 0 or workers < 1:
             raise ValueError(f"max_resamples must be >= 0 and workers >= 1, got {max_resamples}, {workers}")
@@ -265,7 +268,7 @@ class LineGenerator:
             self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache(
                 fingerprint=self._fingerprint())
             self.mask = WordConstraint(self.banned_words, tok, vocabulary=vocabulary, signatures=signatures,
-                                       voice=voice)
+                                       voice=voice, bigrams=bigrams)
             self.active_params_pct = active_params_percent(model.config)
             self._slot_ids = {s: tok._slot_id[s] for s in tok.catalog["slots"]}
         else:
@@ -335,6 +338,7 @@ class LineGenerator:
                             ttl_seconds=cache_ttl, fingerprint=fingerprint)
         options.setdefault("slot_defaults", cons.slot_defaults)
         options.setdefault("voice", cons.voice)
+        options.setdefault("bigrams", cons.bigrams)
         gen = cls(model, catalog=catalog, fallbacks=fallbacks, banned_words=cons.banned_words,
                   slot_rules=cons.slot_rules, vocabulary=cons.vocabulary, signatures=cons.signatures,
                   prefix_cache=cache, **options)

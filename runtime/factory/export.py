@@ -53,11 +53,15 @@ import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+if TYPE_CHECKING:
+    from runtime.client.bigrams import BigramTable
+    from runtime.factory.linebook import LineBook
 
 OPSET = 17
 MS_DOMAIN = "com.microsoft"
@@ -591,13 +595,46 @@ chosen with ``flashnpc eval`` on the shipped model (docs/model.md, "Decoding"): 
 a requested tag are worth this many logits, within 5 logits of the model's most likely token."""
 
 
-def write_constraints(path: Path, voice: dict[str, float] | None = None) -> None:
+SHIP_BIGRAMS = False
+"""Whether :func:`write_constraints` (and so ``flashnpc export``) writes the book's word bigrams by
+default. Off while the shipped ``runtime/assets/flash/constraints.json`` has none, so that the
+export writes what ships; turned on together with re-deriving that file (docs/model.md,
+"Decoding")."""
+
+
+def book_lines(book: LineBook) -> list[str]:
+    """Every line the vocabulary and the word bigrams come from: each expanded example's text,
+    then each fallback line (a book without ``fallback_lines``, a stand-in, gives its examples)."""
+    texts = [e.text for e in book.examples()]
+    fallbacks = getattr(book, "fallback_lines", None)
+    if fallbacks is not None:
+        texts += [line for lines in fallbacks().values() for line in lines]
+    return texts
+
+
+def book_bigrams(book: LineBook) -> BigramTable:
+    """The line book's word bigrams (:class:`runtime.client.bigrams.BigramTable`): which words
+    and slots follow which inside a sentence piece, and which start one, over the same lines the
+    vocabulary comes from (:func:`book_lines`) and read by the same word rule
+    (:func:`runtime.client.bigrams.piece_words`)."""
+    from runtime.client.bigrams import BigramTable
+
+    return BigramTable.from_texts(book_lines(book), book.vocabulary(), book.slots)
+
+
+def write_constraints(path: Path, voice: dict[str, float] | None = None, *,
+                      bigrams: bool | None = None) -> dict[str, Any]:
     """constraints.json (the format :func:`runtime.client.constraints.read_constraints` reads): the
     default line book's banned words and slot rules, its vocabulary (every word its lines and
     fallbacks say) and its signatures (the phrases that voice one archetype, persona trait or
     context value only), derived here so a client never expands the book, and the voice bonus
     (``voice``, default :data:`VOICE_BONUS`; ``{}`` for none) that makes a request's tags audible
-    with those signatures."""
+    with those signatures. ``bigrams`` (default :data:`SHIP_BIGRAMS`): also the book's word
+    bigrams (:func:`book_bigrams`, under the key ``bigrams``), which keep a line from joining two
+    words the book never joins.
+
+    Returns what was written: ``{"bytes": file size, "bigrams": {"pairs", "starts", "bytes"}}``
+    (the last only with ``bigrams``; its ``bytes`` the key's share of the file)."""
     from dataclasses import replace
 
     from runtime.factory.linebook import book_constraints, load_line_book
@@ -605,11 +642,20 @@ def write_constraints(path: Path, voice: dict[str, float] | None = None) -> None
     book = load_line_book()
     cons = replace(book_constraints(), vocabulary=tuple(book.vocabulary()),
                    signatures={tag: tuple(p) for tag, p in book.signatures().items()},
-                   voice=dict(VOICE_BONUS if voice is None else voice) or None)
-    path.write_text(json.dumps(cons.to_json(), ensure_ascii=False, separators=(",", ":")) + "\n")
+                   voice=dict(VOICE_BONUS if voice is None else voice) or None,
+                   bigrams=book_bigrams(book) if (SHIP_BIGRAMS if bigrams is None else bigrams) else None)
+    doc = cons.to_json()
+    text = json.dumps(doc, ensure_ascii=False, separators=(",", ":")) + "\n"
+    path.write_text(text)
+    info: dict[str, Any] = {"bytes": len(text.encode("utf-8"))}
+    if cons.bigrams is not None:
+        table = cons.bigrams
+        info["bigrams"] = {"pairs": len(table.successors), "starts": len(table.starts),
+                           "bytes": len(json.dumps(doc["bigrams"], separators=(",", ":")))}
+    return info
 
 
-__all__ = ["EMBEDDINGS", "EXPORT_STAGES", "MAX_INT4_BYTES", "MOE_VARIANTS", "OPSET", "VOICE_BONUS", "ExportError",
+__all__ = ["EMBEDDINGS", "EXPORT_STAGES", "MAX_INT4_BYTES", "MOE_VARIANTS", "OPSET", "SHIP_BIGRAMS", "VOICE_BONUS", "ExportError",
            "ExportOptions",
-           "build_moe_block", "build_onnx", "export_checkpoint", "io_signature", "load_checkpoint",
+           "book_bigrams", "book_lines", "build_moe_block", "build_onnx", "export_checkpoint", "io_signature", "load_checkpoint",
            "quantize_pack_int4", "save_model", "unpack_int4", "write_constraints", "write_fallbacks"]
