@@ -16,6 +16,8 @@ Peers (all LineGenerator, same weights):
   no word cons.    the same, with the static banned words only (no vocabulary, no signatures, no
                    text rules): the cost of the word constraints is the ratio of the first and this
   no voice bonus   the same word constraints without the voice bonus (voice={}): its cost on its own
+  bigrams / no bigrams  the same word constraints with the line book's word bigrams (derived from the
+                   default book when the model ships none) / without them (when it ships them): their cost
   fp32             model.onnx (fp32, sparse gather), cache on
   int4 dense       every expert computed for every token, then gated (built from --checkpoint)
   int4 no-cache    the shipped graph with the prefix KV cache off
@@ -266,6 +268,15 @@ def main(argv: list[str] | None = None) -> int:
         mute = LineGenerator.load(args.model, **opts, voice={})  # the word constraints without the voice bonus
         peers = [Peer("int4 sparse", base), Peer("no text rules", loose), Peer("no word cons.", plain),
                  Peer("no voice bonus", mute)]
+        if read_constraints(args.model).bigrams is not None:  # the book's word bigrams: with / without
+            paired = (base, LineGenerator.load(args.model, **opts, bigrams=None))
+            peers.append(Peer("no bigrams", paired[1]))
+        else:
+            from runtime.factory.export import book_bigrams
+            from runtime.factory.linebook import load_line_book
+
+            paired = (LineGenerator.load(args.model, **opts, bigrams=book_bigrams(load_line_book())), base)
+            peers.append(Peer("bigrams", paired[0]))
         ckpt = find_checkpoint(args.model, args.checkpoint)
         if (args.model / "model.onnx").is_file():
             peers.append(Peer("fp32", LineGenerator.load(args.model, file="model.onnx", **opts)))
@@ -348,6 +359,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"voice bonus: p50 {med(ref.p50):.2f} ms with vs {med(mute_peer.p50):.2f} ms without "
           f"({med(ref.p50) / med(mute_peer.p50):.3f}x); fallbacks {ref.fallbacks} vs {mute_peer.fallbacks}; "
           f"lines resampled {ref.resampled} vs {mute_peer.resampled}")
+    with_b, without_b = (next(p for p in peers if p.gen is gen) for gen in paired)
+    bigram_ratio = med(with_b.p50) / med(without_b.p50)
+    print(f"word bigrams: p50 {med(with_b.p50):.2f} ms with vs {med(without_b.p50):.2f} ms without "
+          f"({bigram_ratio:.3f}x); fallbacks {with_b.fallbacks} vs {without_b.fallbacks}; "
+          f"lines resampled {with_b.resampled} vs {without_b.resampled}")
     nocache = next(p for p in peers if p.name == "int4 no-cache")
     share = hit_tokens / prompt_tokens
     print(f"\nprefix cache: TTFT p50 {med(ref.ttft):.2f} ms on a hit vs {med(nocache.ttft):.2f} ms without "
@@ -368,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
             "word_constraints_ratio": med(ref.p50) / med(plain_peer.p50),
             "text_rules_ratio": med(ref.p50) / med(loose_peer.p50),
             "voice_bonus_ratio": med(ref.p50) / med(mute_peer.p50),
+            "bigrams_ratio": bigram_ratio,
             "prefix_share": share, "batch16_ms": many, "single16_ms": one,
             "iobinding_ms": bound_ms, "iobinding_prealloc_ms": prealloc_ms, "plain_ms": plain_ms, **fresh},
             indent=2))

@@ -23,6 +23,13 @@ bundle, the file and the reason:
 * ``config.json``, ``tokenizer.json`` or another JSON side file that is not a JSON object, and
   manifest fields that disagree with ``config.json`` (model config, vocabulary size, the KV
   cache's layers, heads and head size) or are out of range (``sampling``);
+* (when the engine loads it, :func:`runtime.client.generator.LineGenerator.load`) a side file
+  that does not parse as the engine parses it: ``constraints.json`` through
+  :func:`runtime.client.constraints.constraints_file`, its word-bigram table (``bigrams``)
+  included, whose every field is checked (:meth:`runtime.client.bigrams.BigramTable.from_json`:
+  ids within the vocabulary and slots, offsets rising from 0 to the successor count with one
+  per id, rows sorted; a table is at most (words + slots)² ids, so the unpacked-size cap bounds
+  it too), the error naming the file and the field (``bigrams.offsets must hold ...``);
 * with ``public_key``: no ``manifest.sig``, or one that is not that key's Ed25519 signature of
   the manifest (:mod:`runtime.client.signature`).
 

@@ -96,7 +96,8 @@ class Sampler:
     static banned words are left unblocked (``words.banned_bits(..., static=False)``), so their
     count still measures the model where the vocabulary allows them. The voice bonus is
     ``voice``, else ``cfg.voice``, else the model directory's (``constraints.json``), as the
-    engine loads it; ``{}`` for none.
+    engine loads it; ``{}`` for none. Where the model directory's ``constraints.json`` ships word
+    bigrams, the book's (:func:`runtime.factory.export.book_bigrams`) mask every step too.
     """
 
     def __init__(self, model: FlashOnnx, cfg: EvalConfig, book: LineBook,
@@ -109,8 +110,12 @@ class Sampler:
             voice = cfg.voice
         if voice is None and model.root is not None:
             voice = read_constraints(model.root).voice
+        bigrams = None  # the book's word bigrams, where the model directory's constraints ship them
+        if model.root is not None and read_constraints(model.root).bigrams is not None:
+            from runtime.factory.export import book_bigrams
+            bigrams = book_bigrams(book)
         self.words = WordConstraint(book.banned_words, tok, vocabulary=book.vocabulary(),
-                                    signatures=book.signatures(), voice=voice)
+                                    signatures=book.signatures(), voice=voice, bigrams=bigrams)
         self._control = [i for i in range(tok.vocab_size) if tok.is_control(i) and i != tok.eos_id]
         self._slot_ids = {s: tok.id_of(f"<slot:{s}>") for s in book.slots}
         self._blocked: dict[tuple[str, str, str], np.ndarray] = {}

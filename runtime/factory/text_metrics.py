@@ -131,6 +131,16 @@ def glitches(text: str, vocabulary: Collection[str] = ()) -> list[str]:
     return [k for k in GLITCH_KINDS if k in found]
 
 
+def unseen_bigrams(text: str, seen: Collection[tuple[str, str]]) -> list[str]:
+    """The word bigrams of ``text`` inside one sentence piece that ``seen`` does not hold, as
+    ``"word word"`` (in order, repeats kept). Pieces and words are read as the decoding's bigram
+    table reads them (:func:`runtime.client.bigrams.piece_words`: pieces split at ``. ! ? , ; :``
+    and ``…``, ``{slot}`` markers count as words), so pass the line with its markers kept."""
+    from runtime.client.bigrams import bigram_pairs
+
+    return [f"{a} {b}" for a, b in bigram_pairs(text) if (a, b) not in seen]
+
+
 class SignatureIndex:
     """Finds which tags' signature phrases a line says.
 

@@ -8,6 +8,13 @@ seeded generator, and measures each line (:class:`LineJudge`):
 
 * **non-word**: a word the line book never says (``book.vocabulary()``; slot markers aren't
   words);
+* **unseen bigram**: two words (or a word and a ``{slot}`` marker) next to each other inside one
+  sentence piece that the book never puts next to each other
+  (:func:`runtime.client.bigrams.piece_words` reads pieces and words; the table is
+  :func:`runtime.factory.export.book_bigrams`, what the decoding's bigram masks keep to when
+  ``constraints.json`` ships one). The book's own figure is 0 by construction on every line the
+  table comes from, held-out pairs included; so on held-out pairs the book's figure is taken
+  against a table of the other lines only (what the rule would refuse of lines it never saw);
 * **glitch**: doubled punctuation, a doubled word, a word stutter, a space before punctuation
   or a lower-case sentence start (:func:`runtime.factory.text_metrics.glitches` defines each);
 * **context contradiction**: a signature phrase (``book.signatures()``) of another value of a
@@ -29,12 +36,13 @@ test (held-out) lines for the classifiers, which were trained on the training li
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from runtime.client.bigrams import bigram_pairs
 from runtime.factory.text_metrics import (
     GLITCH_KINDS,
     SignatureIndex,
@@ -42,6 +50,7 @@ from runtime.factory.text_metrics import (
     glitches,
     nonwords,
     novelty,
+    unseen_bigrams,
 )
 
 if TYPE_CHECKING:
@@ -77,6 +86,7 @@ WRITER_THRESHOLDS: dict[str, dict[str, Any]] = {
 # (figure, label) in table order; glitch kinds follow the glitch rate
 FIGURES: tuple[tuple[str, str], ...] = (
     ("nonword_rate", "non-word lines"),
+    ("unseen_bigram_rate", "unseen bigram lines"),
     ("glitch_rate", "glitch lines"),
     *((f"glitch.{k}", f"  {k}") for k in GLITCH_KINDS),
     ("contradiction_rate", "context contradictions"),
@@ -129,6 +139,7 @@ class Verdict:
     other_archetypes: list[str]  # signature tags of archetypes other than the requested one
     persona_voiced: bool | None  # None when the prompt has no persona trait
     context_voiced: bool | None  # None when the prompt has no context value
+    unseen_bigrams: list[str] = field(default_factory=list)  # "word word" the book never joins in a piece
 
     @property
     def fluent(self) -> bool:
@@ -144,12 +155,15 @@ class Verdict:
 
 
 class LineJudge:
-    """Judges lines against a line book's vocabulary and signatures (:class:`Verdict`)."""
+    """Judges lines against a line book's vocabulary, signatures and word bigrams
+    (:class:`Verdict`). ``bigrams``: the (word, word) pairs a piece may hold (default: those of
+    every line of the book's, :func:`runtime.factory.export.book_lines`, as the export's table)."""
 
-    def __init__(self, book: LineBook) -> None:
+    def __init__(self, book: LineBook, bigrams: set[tuple[str, str]] | None = None) -> None:
         self.vocabulary = frozenset(book.vocabulary())
         self.signatures = SignatureIndex(book.signatures())
         self.n_slots = len(book.context)
+        self.bigrams = book_pairs(book) if bigrams is None else bigrams
 
     def verdict(self, request: Request, line: str) -> Verdict:
         archetype, persona, _state, _intent, context = request
@@ -168,7 +182,16 @@ class LineJudge:
             other_archetypes=others,
             persona_voiced=any(f"persona:{t}" in tags for t in persona) if persona else None,
             context_voiced=bool(asked & tags) if context else None,
+            unseen_bigrams=unseen_bigrams(line, self.bigrams),
         )
+
+
+def book_pairs(book: LineBook, leave_out: Collection[str] = ()) -> set[tuple[str, str]]:
+    """The word bigrams of the book's lines (:func:`runtime.factory.export.book_lines`), but
+    those of the lines in ``leave_out``."""
+    from runtime.factory.export import book_lines
+
+    return {pair for text in book_lines(book) if text not in leave_out for pair in bigram_pairs(text)}
 
 
 def _rate(flags: Sequence[bool | None]) -> float | None:
@@ -182,6 +205,7 @@ def text_figures(judge: LineJudge, requests: Sequence[Request], lines: Sequence[
     verdicts = [judge.verdict(r, line) for r, line in zip(requests, lines)]
     return {
         "nonword_rate": _rate([bool(v.nonwords) for v in verdicts]),
+        "unseen_bigram_rate": _rate([bool(v.unseen_bigrams) for v in verdicts]),
         "glitch_rate": _rate([bool(v.glitches) for v in verdicts]),
         "glitch": {k: _rate([k in v.glitches for v in verdicts]) for k in GLITCH_KINDS},
         "contradiction_rate": _rate([bool(v.contradictions) if r[4] else None
@@ -319,6 +343,8 @@ def measure_writer(
     personas = persona_pool(book)
     pools = shape_pools(book, split)
     train_texts = {e.text for e in split.train}
+    # what the bigram rule says of held-out lines when their own lines are not in its table
+    outside = book_pairs(book, leave_out={e.text for e in split.heldout})
     known = {e.text for e in split.train + split.val + split.test + split.heldout}
     cells: list[_Cell] = []
     for side in SIDES:
@@ -344,8 +370,8 @@ def measure_writer(
     say("writer measures: judging the lines and the book's own lines")
     report_cells: dict[str, dict[str, Any]] = {shape: {} for shape in SHAPES}
     checks: dict[str, bool | None] = {}
-    examples: dict[str, list[dict[str, Any]]] = {"nonword": [], "glitch": [], "contradiction": [],
-                                                 "other_archetype": []}
+    examples: dict[str, list[dict[str, Any]]] = {"nonword": [], "unseen_bigram": [], "glitch": [],
+                                                 "contradiction": [], "other_archetype": []}
     for cell in cells:
         model = text_figures(judge, cell.requests, cell.lines)
         verdicts = model.pop("_verdicts")
@@ -353,6 +379,8 @@ def measure_writer(
         ref = _pick(pools[(cell.shape, cell.side, "text")], cfg.book_reference, ref_rng)
         book_fig = text_figures(judge, [example_request(e) for e in ref], [e.text for e in ref])
         book_fig.pop("_verdicts")
+        if cell.side == "heldout":
+            book_fig["unseen_bigram_rate"] = _rate([bool(unseen_bigrams(e.text, outside)) for e in ref])
         clf_ref = _pick(pools[(cell.shape, cell.side, "clf")], cfg.book_reference, ref_rng)
         for figure, label in CLASSIFIED.items():
             clf = classifiers[label]
@@ -391,7 +419,7 @@ def measure_writer(
 
 def _collect_examples(out: dict[str, list[dict[str, Any]]], cell: _Cell, verdicts: Sequence[Verdict],
                       per_cell: int = 3, limit: int = 30) -> None:
-    kinds = {"nonword": lambda v: v.nonwords, "glitch": lambda v: v.glitches,
+    kinds = {"nonword": lambda v: v.nonwords, "unseen_bigram": lambda v: v.unseen_bigrams, "glitch": lambda v: v.glitches,
              "contradiction": lambda v: v.contradictions, "other_archetype": lambda v: v.other_archetypes}
     for kind, what in kinds.items():
         found = [(r, line, what(v)) for r, line, v in zip(cell.requests, cell.lines, verdicts) if what(v)]
