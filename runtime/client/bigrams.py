@@ -353,7 +353,13 @@ class BigramMask:
         if len(exact):
             parts.append(np.asarray([t for t in exact.tolist() if self._walk(state, t, last, True)[0]],
                                     dtype=np.int64))
-        out = np.unique(np.concatenate(parts)) if parts else self._empty
+        parts = [x for x in parts if len(x)]
+        if not parts:
+            return self._empty
+        union = np.zeros(self.wc.vocab_size, dtype=bool)  # (cheaper than np.unique of the parts)
+        for x in parts:
+            union[x] = True
+        out = np.flatnonzero(union)
         out.flags.writeable = False
         return out
 
