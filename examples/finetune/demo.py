@@ -2,12 +2,25 @@
 
     python examples/finetune/demo.py runs/pirate_port         # after the commands in README.md
     python examples/finetune/demo.py runs/pirate_port --heldout  # also: archetype classifier on held-out prompts
+    python examples/finetune/demo.py runs/pirate_port --sheet ratings.csv   # lines to rate by hand
+    python examples/finetune/demo.py --summary ratings.csv    # a rated sheet's figures
+
+``--sheet`` writes one line for each of ``--prompts`` prompts (default 72) spread over the new
+archetypes, all eight states, the seven intents and the tide (low, high, none), in the shapes a
+game sends (no persona or one trait; no context, the tide alone, or the tide with the time of
+day); fill its ``rating`` column with 2 (a writer would ship it), 1 (understandable but clumsy)
+or 0 (garbled, contradictory or wrong for the state), as in issue #12's blind reading, and
+``contradiction`` with 1 where the line says the other tide (or the water's height without a
+tide in the prompt). ``--summary`` prints the shares.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import itertools
 import json
+import random
 from pathlib import Path
 
 from runtime import LineGenerator
@@ -46,13 +59,82 @@ def heldout_accuracy(gen: LineGenerator, model_dir: Path, seeds: int = 3) -> dic
             "prompts": len(held), "lines": len(lines)}
 
 
+NEW = ("quartermaster", "smuggler", "harbormaster")
+STATES = ("working", "idle", "patrol", "friendly", "rest", "alert", "combat", "flee")
+INTENTS = ("approach", "greet", "ask_directions", "ask_rumors", "trade", "threaten", "farewell")
+TRAITS = ("gruff", "sly", "weary", "cheerful", "nervous", "kind", "greedy", "proud", "brave")
+FIELDS = ("archetype", "state", "intent", "persona", "context", "line", "fallback", "rating", "contradiction")
+
+
+def rating_prompts(n: int, seed: int = 0) -> list[tuple[str, str, str, list[str], dict[str, str]]]:
+    """``n`` prompts walking archetype x state in order, the intents and tide values round-robin
+    (so every pairing shows up), a persona trait on every third, the time of day on every fourth."""
+    rng = random.Random(seed)
+    cells = itertools.cycle([(a, s) for s in STATES for a in NEW])
+    intents, tides = itertools.cycle(INTENTS), itertools.cycle(("low", "high", None))
+    out = []
+    for i in range(n):
+        arch, state = next(cells)
+        tide = next(tides)
+        context = {"tide": tide} if tide else {}
+        if i % 4 == 3:
+            context["time_of_day"] = rng.choice(("dawn", "day", "dusk", "night"))
+        out.append((arch, state, next(intents), [rng.choice(TRAITS)] if i % 3 == 2 else [], context))
+    return out
+
+
+def write_sheet(gen: LineGenerator, path: Path, prompts: int, seed: int) -> None:
+    """The rating sheet: one engine line per prompt, with empty rating columns."""
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w.writeheader()
+        for i, (arch, state, intent, persona, context) in enumerate(rating_prompts(prompts, seed)):
+            line = gen.generate(arch, state, persona=persona, intent=intent, context={**context, "player": "Mara"},
+                                seed=seed * 1000 + i)
+            w.writerow({"archetype": arch, "state": state, "intent": intent, "persona": ";".join(persona),
+                        "context": ";".join(f"{k}={v}" for k, v in context.items()), "line": line.text,
+                        "fallback": int(line.fallback), "rating": "", "contradiction": ""})
+
+
+def summary(path: Path) -> dict[str, object]:
+    """Shares of 2 / 1 / 0 and of contradictions in a rated sheet (model lines; authored
+    fallbacks counted apart), overall and per archetype."""
+    rows = list(csv.DictReader(path.open(newline="")))
+    missing = [i + 2 for i, r in enumerate(rows) if r["rating"].strip() not in ("0", "1", "2")]
+    if missing:
+        raise SystemExit(f"{path}: rows {missing[:10]} have no rating 0, 1 or 2")
+
+    def shares(rs: list[dict[str, str]]) -> dict[str, float]:
+        n = max(len(rs), 1)
+        return {"lines": len(rs), **{f"rated_{k}": sum(r["rating"].strip() == k for r in rs) / n for k in "210"},
+                "contradictions": sum(r["contradiction"].strip() == "1" for r in rs) / n}
+
+    model = [r for r in rows if r["fallback"] != "1"]
+    return {"all": shares(rows), "model_lines": shares(model),
+            "authored_fallbacks": sum(r["fallback"] == "1" for r in rows),
+            **{a: shares([r for r in rows if r["archetype"] == a]) for a in sorted({r["archetype"] for r in rows})}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", type=Path, help="the fine-tuned model directory")
+    parser.add_argument("model", type=Path, nargs="?", help="the fine-tuned model directory")
     parser.add_argument("--seeds", type=int, default=2, help="lines per scene")
     parser.add_argument("--heldout", action="store_true", help="measure the held-out archetype classifier")
+    parser.add_argument("--sheet", type=Path, help="write a rating sheet here instead of the scenes")
+    parser.add_argument("--prompts", type=int, default=72, help="prompts on the rating sheet")
+    parser.add_argument("--seed", type=int, default=0, help="the rating sheet's seed")
+    parser.add_argument("--summary", type=Path, help="print the figures of a rated sheet")
     args = parser.parse_args()
+    if args.summary:
+        print(json.dumps(summary(args.summary), indent=2))
+        return
+    if args.model is None:
+        parser.error("the model directory is required (unless --summary)")
     with LineGenerator.load(args.model) as gen:
+        if args.sheet:
+            write_sheet(gen, args.sheet, args.prompts, args.seed)
+            print(f"wrote {args.sheet}: {args.prompts} lines to rate")
+            return
         for arch, state, intent, context, persona in SCENES:
             tags = ", ".join([*persona, *(f"{k}={v}" for k, v in context.items())])
             print(f"[{arch} / {state} / {intent}{' / ' + tags if tags else ''}]")

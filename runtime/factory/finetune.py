@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
+import itertools
 import json
 import math
 import re
 import time
 import zlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,9 +47,10 @@ from runtime.tokenizer import Tokenizer
 if TYPE_CHECKING:
     from torch import Tensor, nn
 
+    from runtime.client.bigrams import BigramTable
     from runtime.factory.model import Flash
 
-COLUMNS = ("archetype", "state", "line", "persona", "intent", "context")
+COLUMNS = ("archetype", "state", "line", "persona", "intent", "context", "like")
 REQUIRED = ("archetype", "state", "line")
 DEFAULT_INTENT = "approach"
 PASS_RATIO = 0.85  # router confidence kept, relative to the base model: the check passes
@@ -55,6 +58,7 @@ REFUSE_RATIO = 0.7  # below this the export is refused without force
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _SLOT_MARK = re.compile(r"\{([^{}]*)\}")
 _WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
+_CLAUSE_END = re.compile(r"[.!?;:]+")
 ADAPTED = ("attn.c_attn.weight", "attn.c_proj.weight", "ffn.w1", "ffn.w2",
            "ffn.c_fc.weight", "ffn.c_proj.weight")
 
@@ -89,10 +93,12 @@ class StudioLine:
     intent: str = DEFAULT_INTENT
     context: tuple[tuple[str, str], ...] = ()
     where: str = ""  # file:line, for messages
+    like: str = ""  # the base archetype a new archetype starts from ("": the nearest one)
 
     def to_json(self) -> dict[str, Any]:
-        return {"archetype": self.archetype, "state": self.state, "line": self.text,
-                "persona": list(self.persona), "intent": self.intent, "context": dict(self.context)}
+        out = {"archetype": self.archetype, "state": self.state, "line": self.text,
+               "persona": list(self.persona), "intent": self.intent, "context": dict(self.context)}
+        return {**out, "like": self.like} if self.like else out
 
 
 def _rows(path: Path) -> Iterable[tuple[int, dict[str, Any] | str]]:
@@ -167,6 +173,8 @@ def read_lines(path: str | Path, base_catalog: Mapping[str, Any], *,
 
     States and intents must be the base model's (a line voices one of the behaviour states the
     game's trees produce); archetypes, persona traits, context slots and values may be new.
+    ``like`` (optional) names the base archetype a new archetype's token starts from; it must be
+    one of the base's archetypes, only on rows of a new archetype, and the same on all of them.
     Every problem is collected and raised at once as a :class:`FinetuneError` whose problems
     read ``file:line: field: what is wrong``.
     """
@@ -177,6 +185,7 @@ def read_lines(path: str | Path, base_catalog: Mapping[str, Any], *,
     banned = [b.lower() for b in banned_words]
     out: list[StudioLine] = []
     problems: list[str] = []
+    likes: dict[str, tuple[str, str]] = {}  # new archetype -> (like, where first declared)
     for n, row in _rows(p):
         where = f"{p}:{n}"
         if isinstance(row, str):
@@ -203,6 +212,7 @@ def read_lines(path: str | Path, base_catalog: Mapping[str, Any], *,
                                  f"({', '.join(base_catalog['intents'])})")
             persona = _names(row.get("persona"), "persona")
             context = _context(row.get("context"))
+            like = _like(row.get("like"), arch[0] if arch else "", base_catalog, likes, where)
             text = " ".join(values["line"].split())
             _check_text(text, slots, banned)
         except ValueError as exc:
@@ -211,12 +221,29 @@ def read_lines(path: str | Path, base_catalog: Mapping[str, Any], *,
         if bad or not all(values.values()):
             continue
         out.append(StudioLine(arch[0], values["state"], text, tuple(sorted(set(persona))), intent,
-                              tuple(context), where))
+                              tuple(context), where, like))
     if problems:
         raise FinetuneError(f"{p}: {len(problems)} bad row(s)", problems)
     if not out:
         raise FinetuneError(f"{p}: no lines")
     return out
+
+
+def _like(value: Any, arch: str, base_catalog: Mapping[str, Any], seen: dict[str, tuple[str, str]],
+          where: str) -> str:
+    """The row's ``like`` (checked: a base archetype, on a new archetype, one per archetype)."""
+    like = str(value or "").strip()
+    if not like:
+        return ""
+    known = base_catalog["archetypes"]
+    if like not in known:
+        raise ValueError(f"like: {like!r} is not an archetype of the base model ({', '.join(known)})")
+    if arch in known:
+        raise ValueError(f"like: {arch!r} is the base model's own archetype; like names where a new one starts")
+    first = seen.setdefault(arch, (like, where))
+    if first[0] != like:
+        raise ValueError(f"like: {arch!r} is like {first[0]!r} at {first[1]}, here {like!r}")
+    return like
 
 
 def _check_text(text: str, slots: set[str], banned: Sequence[str]) -> None:
@@ -319,6 +346,66 @@ def resize_vocab(model: Flash, old: Tokenizer, new: Tokenizer, id_map: Sequence[
     model.lm_head.weight = nn.Parameter(tables[1])
     model.config.vocab_size = new.vocab_size
     return new_ids
+
+
+def _candidates(token: str, tok: Tokenizer, new_ids: Sequence[int]) -> list[int]:
+    """Base control tokens a new ``token`` may start from: the base archetypes for ``<arch:*>``,
+    the base traits for ``<persona:*>``, the slot's base values for a new value of a base slot,
+    every base ``<ctx:*>`` value for a value of a new slot."""
+    kind = token.split(":", 1)[0] + ":"
+    fresh = set(new_ids)
+    base = [i for i, t in enumerate(tok.controls) if i not in fresh]
+    if kind == "<ctx:":
+        slot = "<ctx:" + token[5:].split("=", 1)[0] + "="
+        same = [i for i in base if tok.controls[i].startswith(slot)]
+        return same or [i for i in base if tok.controls[i].startswith("<ctx:")]
+    return [i for i in base if tok.controls[i].startswith(kind)]
+
+
+def start_rows(model: Flash, tok: Tokenizer, seqs: Sequence[Any], new_ids: Sequence[int],
+               declared: Mapping[int, int], *, per_token: int = 64) -> dict[str, dict[str, Any]]:
+    """Start each new control token's embedding row from one base token's row, so the model
+    begins in a fluent voice and the adapters only add the studio's flavour.
+
+    The base token is the declared one (``declared``: new id -> base id, from the file's
+    ``like``), else the *nearest*: among :func:`_candidates`, the token that, put in the new
+    token's place in the prompts of (up to ``per_token``) studio lines carrying it, gives the
+    lowest line cross-entropy under ``model`` (the base voice the model already finds closest
+    to those lines). New tokens of one kind (archetypes, traits, the values of one slot) get
+    distinct base tokens where there are enough, so they start apart; declared ones first. The output-head row moves with it. Returns ``{token: {"from", "how",
+    "ce", "ce_mean"}}`` (``ce_mean``: the lines' cross-entropy with the kind's mean row).
+    """
+    import torch
+
+    from runtime.factory.train import TrainSeq
+
+    wte, head = model.transformer.wte.weight, model.lm_head.weight
+    out: dict[str, dict[str, Any]] = {}
+    taken: dict[str, set[int]] = {}
+    with torch.no_grad():
+        for new in sorted(new_ids, key=lambda i: (i not in declared, i)):
+            name = tok.controls[new]
+            mine = [s for s in seqs if new in s.ids[:s.line_start]][:per_token]
+
+            def ce(src: int, mine: list[Any] = mine, new: int = new) -> float:
+                swapped = [TrainSeq(tuple(src if i == new else i for i in s.ids), s.line_start) for s in mine]
+                return line_ce(model, swapped, tok.pad_id)
+
+            ce_mean = ce(new) if mine else None
+            group = name.split("=", 1)[0] if name.startswith("<ctx:") else name.split(":", 1)[0]
+            if new in declared:
+                src, how = declared[new], "declared"
+            elif mine:
+                scores = sorted((ce(c), c) for c in _candidates(name, tok, new_ids))
+                free = [sc for sc in scores if sc[1] not in taken.get(group, set())] or scores
+                src, how = free[0][1], "nearest"
+            else:
+                continue
+            taken.setdefault(group, set()).add(src)
+            wte[new] = wte[src]
+            head[new] = head[src]
+            out[name] = {"from": tok.controls[src], "how": how, "ce": ce(new) if mine else None, "ce_mean": ce_mean}
+    return out
 
 
 # --------------------------------------------------------------------------- adapters
@@ -490,10 +577,105 @@ def load_base(path: str | Path | None) -> Base:
     return Base(model.float(), tok, side("catalog.json"), side("constraints.json"), side("fallbacks.json"), root)
 
 
-def extend_constraints(cons: Mapping[str, Any], lines: Sequence[StudioLine], catalog: Mapping[str, Any]) -> dict[str, Any]:
+def _grams(text: str, n_max: int = 3) -> set[tuple[str, ...]]:
+    """The 1..``n_max``-word phrases of ``text`` as the signatures count them (lower case, never
+    across a slot or a sentence's end)."""
+    grams: set[tuple[str, ...]] = set()
+    for piece in _CLAUSE_END.split(_SLOT_MARK.sub(".", text)):
+        words = _WORD.findall(piece.lower())
+        for n in range(1, n_max + 1):
+            grams.update(tuple(words[i:i + n]) for i in range(len(words) - n + 1))
+    return grams
+
+
+def _tags(line: StudioLine) -> set[str]:
+    return {f"archetype:{line.archetype}", *(f"persona:{t}" for t in line.persona),
+            *(f"context:{k}={v}" for k, v in line.context)}
+
+
+def phrases(texts: Iterable[str]) -> frozenset[tuple[str, ...]]:
+    """Every phrase of 1-3 words that ``texts`` say (:func:`studio_signatures`' ``book``)."""
+    out: set[tuple[str, ...]] = set()
+    for text in texts:
+        out |= _grams(text)
+    return frozenset(out)
+
+
+@functools.lru_cache(maxsize=1)
+def book_phrases() -> frozenset[tuple[str, ...]]:
+    """:func:`phrases` of the default line book's expanded lines and fallbacks (once a process)."""
+    from runtime.factory.linebook import load_line_book
+
+    book = load_line_book()
+    return phrases([e.text for e in book.examples()] + [t for v in book.fallback_lines().values() for t in v])
+
+
+def studio_signatures(lines: Sequence[StudioLine], book: Collection[tuple[str, ...]]) -> dict[str, list[str]]:
+    """Signatures the studio's lines add, by the base book's rule (``LineBook.signatures``): a
+    phrase of 1-3 words voices tag ``T`` when every studio line that says it has ``T`` in its
+    prompt and no other tag common to all of them, the base book does not say it (``book``: its
+    :func:`phrases`, :func:`book_phrases` for the default book), and it is not made of common words only; only
+    minimal phrases are kept (none contains a shorter signature of its tag).
+
+    So ``"low water"`` said only in ``tide=low`` lines becomes a signature of
+    ``context:tide=low``, and the decoding constraints refuse it for ``tide=high`` (and for a
+    prompt without ``tide``), as they refuse "full daylight" at night."""
+    from runtime.factory.linebook import _COMMON
+
+    common: dict[tuple[str, ...], set[str]] = {}
+    for line in lines:
+        tags = _tags(line)
+        for g in _grams(line.text):
+            common[g] = common[g] & tags if g in common else set(tags)
+    own: dict[str, set[tuple[str, ...]]] = {}
+    for g, tags in common.items():
+        if len(tags) == 1 and g not in book and not _COMMON.issuperset(g):
+            own.setdefault(next(iter(tags)), set()).add(g)
+    out = {}
+    for tag, grams in sorted(own.items()):
+        minimal = [g for g in grams if not any(g[i:j] in grams for i in range(len(g))
+                                               for j in range(i + 1, len(g) + 1) if (i, j) != (0, len(g)))]
+        out[tag] = [" ".join(g) for g in sorted(minimal, key=lambda g: (len(g), g))]
+    return out
+
+
+def extend_bigrams(cons: Mapping[str, Any], texts: Iterable[str], vocabulary: Sequence[str]) -> BigramTable:
+    """The base's word bigrams (``cons["bigrams"]``, :mod:`runtime.client.bigrams`) plus every
+    bigram and piece start of ``texts`` (the studio's lines), over ``vocabulary`` (the base's
+    plus the studio's words): a fine-tuned line may join two words where the base book or a
+    studio line joins them, and nowhere else."""
+    import numpy as np
+
+    from runtime.client.bigrams import BigramTable, piece_words
+
+    base = BigramTable.from_json(cons["bigrams"], cons["vocabulary"], cons["slots"])
+    words = tuple(sorted(set(vocabulary)))
+    index = {w: i for i, w in enumerate(words)}
+    index.update({"{" + s + "}": len(words) + k for k, s in enumerate(base.slots)})
+    rows: list[set[int]] = [set() for _ in index]
+    starts = {index[w] for w in base.start_words()}
+    for a, b in base.pairs():
+        rows[index[a]].add(index[b])
+    for text in texts:
+        for ws in piece_words(text):
+            starts.add(index[ws[0]])
+            for a, b in itertools.pairwise(ws):
+                rows[index[a]].add(index[b])
+    offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
+    succ = np.asarray([j for r in rows for j in sorted(r)], dtype=np.int64)
+    return BigramTable(words, base.slots, np.asarray(sorted(starts), dtype=np.int64), offsets, succ)
+
+
+def extend_constraints(cons: Mapping[str, Any], lines: Sequence[StudioLine], catalog: Mapping[str, Any],
+                       book: Collection[tuple[str, ...]] | None = None) -> dict[str, Any]:
     """constraints.json for the fine-tune: the vocabulary gains every word of the studio's lines;
     a signature phrase a studio line says under another tag stops being a signature (it no longer
-    voices one tag only); new archetypes get slot rules (the slots their lines use)."""
+    voices one tag only); with ``book`` (the base book's :func:`phrases`), the studio's own
+    signatures (:func:`studio_signatures`) join them, so a new context value or archetype is
+    refused where the request did not ask for it; new archetypes get slot rules (the slots
+    their lines use); where the base ships word bigrams, the studio's join them
+    (:func:`extend_bigrams`). ``signatures_dropped`` / ``signatures_added`` (popped by the
+    caller) report what changed."""
     from runtime.factory.text_metrics import SignatureIndex
 
     out = json.loads(json.dumps(cons))
@@ -507,21 +689,27 @@ def extend_constraints(cons: Mapping[str, Any], lines: Sequence[StudioLine], cat
     for tag, phrases in sigs.items():
         index = SignatureIndex({tag: phrases})
         for line in lines:
-            mine = {f"archetype:{line.archetype}", *(f"persona:{t}" for t in line.persona),
-                    *(f"context:{k}={v}" for k, v in line.context)}
-            if tag in mine or not index.hits(line.text):
+            if tag in _tags(line) or not index.hits(line.text):
                 continue
             for phrase in phrases:
                 if SignatureIndex({tag: [phrase]}).hits(line.text):
                     drop.setdefault(tag, set()).add(phrase)
     for tag, gone in drop.items():
         sigs[tag] = [p for p in sigs[tag] if p not in gone]
+    added = studio_signatures(lines, book) if book is not None else {}
+    if added:
+        for tag, phrases in added.items():
+            sigs[tag] = sorted(set(sigs.get(tag, [])) | set(phrases), key=lambda p: (len(p.split()), p))
+        out["signatures"] = dict(sorted(sigs.items()))
+    if out.get("bigrams") is not None:
+        out["bigrams"] = extend_bigrams(cons, [line.text for line in lines], out["vocabulary"]).to_json()
     rules = out["slot_rules"]["archetype"]
     for arch in catalog["archetypes"]:
         if arch not in rules:
             used = {m for line in lines if line.archetype == arch for m in _SLOT_MARK.findall(line.text)}
             rules[arch] = sorted(used)
     out["signatures_dropped"] = {t: sorted(g) for t, g in sorted(drop.items())}
+    out["signatures_added"] = added
     return out
 
 
@@ -546,17 +734,19 @@ class FinetuneConfig:
     """Settings of one fine-tune (defaults: the documented run)."""
 
     mode: str = "adapters"  # or "full": every weight trains (the contrast)
-    epochs: float = 10.0
+    epochs: float = 6.0
     steps: int | None = None  # overrides epochs
     batch_size: int = 32
-    replay: float = 0.5  # share of each batch drawn from the base line book
+    replay: float = 0.75  # share of each batch drawn from the base line book
     rank: int = 8
     alpha: float = 16.0
-    lr: float | None = None  # default: 1e-3 for adapters, 3e-4 for full
+    lr: float | None = None  # default: 2e-3 for adapters, 3e-4 for full
     warmup_steps: int = 10
     qat: bool = True
     seed: int = 0
     heldout_every: int = 10
+    start: str = "like"  # new tokens' rows: "like" (declared or nearest base tag) or "mean" (of their kind)
+    signatures: bool = True  # derive the studio's signatures for the decoding constraints
     force: bool = False
     export: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
@@ -565,6 +755,8 @@ class FinetuneConfig:
         """Bad settings are a :class:`FinetuneError` naming the setting (``--replay``, ...)."""
         if self.mode not in ("adapters", "full"):
             raise FinetuneError(f"--mode must be 'adapters' or 'full', got {self.mode!r}")
+        if self.start not in ("like", "mean"):
+            raise FinetuneError(f"--start must be 'like' or 'mean', got {self.start!r}")
         if not 0.0 <= self.replay < 1.0:
             raise FinetuneError(f"--replay must be in [0, 1), got {self.replay!r}")
         for name, value in (("rank", self.rank), ("batch_size", self.batch_size), ("steps", self.steps)):
@@ -575,7 +767,7 @@ class FinetuneConfig:
 
     @property
     def learning_rate(self) -> float:
-        return self.lr if self.lr is not None else (1e-3 if self.mode == "adapters" else 3e-4)
+        return self.lr if self.lr is not None else (2e-3 if self.mode == "adapters" else 3e-4)
 
 
 def _replay_examples(tokenizer: Tokenizer, n: int, seed: int, block_size: int) -> tuple[list[Any], list[Any]]:
@@ -626,6 +818,11 @@ def finetune(base_path: str | Path | None, lines_path: str | Path, out_dir: str 
     if too_long:
         raise FinetuneError(f"{lines_path}: {len(too_long)} line(s) too long for the model's {block} tokens",
                             [f"{w}: line: too long (prompt + line over {block} tokens)" for w in too_long])
+    declared = {tok.id_of(f"<arch:{ln.archetype}>"): tok.id_of(f"<arch:{ln.like}>") for ln in lines if ln.like}
+    model.set_qat(cfg.qat)
+    started = (start_rows(model, tok, encode_examples(tok, train_lines, block)[0], new_ids, declared)
+               if cfg.start == "like" else {})
+    model.set_qat(False)
     reference = copy.deepcopy(model).eval()
     reference.set_qat(cfg.qat)
     for p in reference.parameters():
@@ -694,7 +891,7 @@ def finetune(base_path: str | Path | None, lines_path: str | Path, out_dir: str 
         "base": str(base.path), "lines": str(lines_path), "mode": cfg.mode, "config": asdict(cfg),
         "counts": {"lines": len(lines), "train": len(train_lines), "heldout": len(held_lines),
                    "archetypes": sorted({ln.archetype for ln in lines})},
-        "added": added, "new_token_ids": new_ids, "vocab_size": tok.vocab_size,
+        "added": added, "new_token_ids": new_ids, "started_from": started, "vocab_size": tok.vocab_size,
         "trainable_params": sum(p.numel() for p in trainable),
         "total_params": sum(p.numel() for p in model.parameters()),
         "steps": steps, "train_s": train_s,
@@ -714,8 +911,9 @@ def finetune(base_path: str | Path | None, lines_path: str | Path, out_dir: str 
     (out / "config.json").write_text(json.dumps(asdict(model.config), indent=2) + "\n")
     (out / "catalog.json").write_text(json.dumps(catalog, indent=2) + "\n")
     tok.save(out / "tokenizer.json")
-    cons = extend_constraints(base.constraints, lines, catalog)
+    cons = extend_constraints(base.constraints, lines, catalog, book_phrases() if cfg.signatures else None)
     report["signatures_dropped"] = cons.pop("signatures_dropped")
+    report["signatures_added"] = cons.pop("signatures_added")
     (out / "constraints.json").write_text(json.dumps(cons, ensure_ascii=False, separators=(",", ":")) + "\n")
     fallbacks = extend_fallbacks(base.fallbacks, lines)
     (out / "fallbacks.json").write_text(json.dumps(fallbacks, indent=2, ensure_ascii=False) + "\n")
@@ -750,7 +948,7 @@ def read_studio_lines(model_dir: str | Path) -> list[StudioLine] | None:
     for raw in path.read_text(encoding="utf-8").splitlines():
         d = json.loads(raw)
         out.append(StudioLine(d["archetype"], d["state"], d["line"], tuple(d["persona"]), d["intent"],
-                              tuple(d["context"].items())))
+                              tuple(d["context"].items()), like=d.get("like", "")))
     return out
 
 
@@ -800,9 +998,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=float, default=d.epochs, help=f"passes over the lines (default {d.epochs:g})")
     parser.add_argument("--steps", type=int, default=None, help="optimiser steps (overrides --epochs)")
     parser.add_argument("--rank", type=int, default=d.rank, help=f"LoRA rank (default {d.rank})")
-    parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-3 adapters, 3e-4 full)")
+    parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default 2e-3 adapters, 3e-4 full)")
     parser.add_argument("--replay", type=float, default=d.replay,
                         help=f"share of each batch from the base line book (default {d.replay})")
+    parser.add_argument("--start", choices=("like", "mean"), default=d.start,
+                        help="new tokens' embedding rows start from the file's `like` or the nearest base tag "
+                             "(like, default) or from the mean of their kind (mean)")
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all, at most 8)")
     parser.add_argument("--force", action="store_true", help="export even when routing has failed")
@@ -817,7 +1018,7 @@ def run(args: argparse.Namespace) -> int:
     from runtime.console import print_json
 
     cfg = FinetuneConfig(mode=args.mode, epochs=args.epochs, steps=args.steps, rank=args.rank, lr=args.lr,
-                         replay=args.replay, seed=args.seed, force=args.force)
+                         replay=args.replay, seed=args.seed, force=args.force, start=args.start)
     if args.threads is not None and args.threads < 1:
         raise FinetuneError(f"--threads must be >= 1, got {args.threads}")
     try:
@@ -833,6 +1034,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"{report['counts']['lines']} lines ({report['counts']['heldout']} held out), added "
           f"{sum(len(v) for v in report['added'].values())} control tokens "
           f"({', '.join(a for v in report['added'].values() for a in v) or 'none'})")
+    for name, row in report["started_from"].items():
+        print(f"{name} starts from {row['from']} ({row['how']})")
     print(f"{report['mode']}: {report['trainable_params']:,} of {report['total_params']:,} weights trained, "
           f"{report['steps']} steps in {report['train_s']:.0f} s; frozen weights unchanged: {report['frozen_unchanged']}")
     print(f"router confidence {rc['finetuned']:.3f} (base {rc['base']:.3f}, ratio {rc['ratio']:.3f}, "
@@ -846,7 +1049,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["FinetuneConfig", "FinetuneError", "RoutingRefused", "StudioLine", "add_adapters", "add_arguments", "eval_section",
-           "extend_catalog", "extend_constraints", "extend_tokenizer", "finetune", "format_eval_section",
-           "frozen_weights", "heldout", "load_base", "merge_adapters", "read_lines", "resize_vocab",
-           "router_confidence", "run"]
+__all__ = ["FinetuneConfig", "FinetuneError", "RoutingRefused", "StudioLine", "add_adapters", "add_arguments",
+           "book_phrases", "eval_section", "extend_bigrams", "extend_catalog", "extend_constraints",
+           "extend_tokenizer", "finetune", "format_eval_section", "frozen_weights", "heldout", "load_base",
+           "merge_adapters", "phrases", "read_lines", "resize_vocab", "router_confidence", "run", "start_rows",
+           "studio_signatures"]

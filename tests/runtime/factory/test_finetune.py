@@ -24,6 +24,11 @@ LINES = [
     {"archetype": "smuggler", "state": "alert", "line": "Lanterns on the water. Douse yours, quick.",
      "context": "tide=high"},
     {"archetype": "guard", "state": "patrol", "line": "The harbour chain is up tonight."},
+    {"archetype": "quartermaster", "state": "working", "line": "Low water, and the hull plates are showing.",
+     "context": {"tide": "low"}, "like": "merchant"},
+    {"archetype": "smuggler", "state": "idle", "line": "High water tonight, and no moon.", "context": {"tide": "high"}},
+    {"archetype": "smuggler", "state": "working", "line": "Low water, so the skiff waits.", "context": {"tide": "low"}},
+    {"archetype": "guard", "state": "patrol", "line": "High water. The chain is up.", "context": {"tide": "high"}},
 ] * 3
 
 
@@ -68,6 +73,75 @@ def test_bad_rows_are_named_by_file_line_and_field(tmp_path):
     header.write_text("archetype,line,voice\nx,y,z\n")
     with pytest.raises(FinetuneError, match=r"header.csv:1: unknown column 'voice'.*missing column 'state'"):
         ft.read_lines(header, CATALOG)
+
+
+def test_like_must_name_a_base_archetype_for_a_new_one_and_agree_across_rows(tmp_path):
+    bad = tmp_path / "like.csv"
+    bad.write_text("archetype,state,line,like\n"
+                   "smuggler,idle,Quiet night.,thief\n"       # fine
+                   "smuggler,idle,Quiet night.,noble\n"       # 3: disagrees with line 2
+                   "guard,idle,Quiet night.,thief\n"          # 4: guard is the base's own
+                   "harbormaster,idle,Quiet night.,pirate\n"  # 5: not a base archetype
+                   "harbormaster,idle,Quiet night.,\n")       # fine (nearest)
+    with pytest.raises(FinetuneError) as info:
+        ft.read_lines(bad, CATALOG)
+    assert info.value.problems == [
+        f"{bad}:3: like: 'smuggler' is like 'thief' at {bad}:2, here 'noble'",
+        f"{bad}:4: like: 'guard' is the base model's own archetype; like names where a new one starts",
+        f"{bad}:5: like: 'pirate' is not an archetype of the base model ({', '.join(CATALOG['archetypes'])})",
+    ]
+
+
+def test_new_tokens_start_from_the_declared_or_the_nearest_base_tag(tiny_model_dir, tmp_path, one_torch_thread):
+    from runtime.factory.train import TrainSeq, encode_examples
+
+    base = ft.load_base(tiny_model_dir)
+    lines = ft.read_lines(write_jsonl(tmp_path / "l.jsonl", LINES), base.catalog)
+    catalog, _ = ft.extend_catalog(base.catalog, lines)
+    tok, id_map = ft.extend_tokenizer(base.tokenizer, catalog)
+    new_ids = ft.resize_vocab(base.model, base.tokenizer, tok, id_map)
+    seqs = encode_examples(tok, lines, base.model.config.block_size)[0]
+    qm, merchant = tok.id_of("<arch:quartermaster>"), tok.id_of("<arch:merchant>")
+    started = ft.start_rows(base.model, tok, seqs, new_ids, {qm: merchant})
+    assert set(started) == {tok.controls[i] for i in new_ids}
+    assert started["<arch:quartermaster>"]["from"] == "<arch:merchant>"
+    assert started["<arch:quartermaster>"]["how"] == "declared"
+    wte = base.model.transformer.wte.weight
+    assert torch.equal(wte[qm], wte[merchant])
+    # the smuggler: the base archetype (other than the taken merchant) whose token in its
+    # prompts gives its lines the lowest cross-entropy
+    sm = tok.id_of("<arch:smuggler>")
+    mine = [s for s in seqs if sm in s.ids]
+
+    def ce(src: int) -> float:
+        return ft.line_ce(base.model, [TrainSeq(tuple(src if i == sm else i for i in s.ids), s.line_start)
+                                       for s in mine], tok.pad_id)
+
+    others = [tok.id_of(f"<arch:{a}>") for a in CATALOG["archetypes"] if a != "merchant"]
+    best = min(others, key=ce)
+    assert started["<arch:smuggler>"] == {**started["<arch:smuggler>"], "from": tok.controls[best], "how": "nearest"}
+    assert torch.equal(wte[sm], wte[best])
+    # the two values of the new slot start from two different base context values
+    low, high = started["<ctx:tide=low>"]["from"], started["<ctx:tide=high>"]["from"]
+    assert low != high and low.startswith("<ctx:") and high.startswith("<ctx:") and "tide" not in low + high
+
+
+def test_studio_signatures_tie_a_phrase_to_the_one_new_tag_every_line_saying_it_has(tmp_path):
+    rows = [
+        {"archetype": "smuggler", "state": "idle", "line": "Low water. The flats are bare.", "context": {"tide": "low"}},
+        {"archetype": "harbormaster", "state": "idle", "line": "Low water. The flats again, {player}.",
+         "context": {"tide": "low"}},
+        {"archetype": "smuggler", "state": "idle", "line": "High water, and the cove is deep.",
+         "context": {"tide": "high"}},
+        {"archetype": "harbormaster", "state": "idle", "line": "High water, so it's deep.", "context": {"tide": "high"}},
+        {"archetype": "harbormaster", "state": "rest", "line": "The cove is quiet.", "persona": ["weary"]},
+        {"archetype": "smuggler", "state": "rest", "line": "Brandy for me."},
+    ]
+    lines = ft.read_lines(write_jsonl(tmp_path / "l.jsonl", rows), CATALOG)
+    sigs = ft.studio_signatures(lines, ft.phrases(["Keep your voice low.", "The tide is high.", "The flats are bare."]))
+    # "low" and "flats" alone: the book says them; "water the" would cross a sentence's end
+    assert sigs == {"context:tide=low": ["low water"], "context:tide=high": ["deep", "high water"],
+                    "archetype:smuggler": ["brandy"]}  # "cove": two archetypes say it; "quiet": weary or harbormaster?
 
 
 def test_new_names_become_control_tokens_and_text_ids_shift_consistently(tmp_path):
@@ -126,7 +200,8 @@ def test_full_finetune_moves_the_router(tiny_model_dir, tmp_path, one_torch_thre
 
     lines = write_jsonl(tmp_path / "l.jsonl", LINES)
     report = ft.finetune(tiny_model_dir, lines, tmp_path / "full",
-                         FinetuneConfig(mode="full", steps=3, batch_size=8, replay=0.0, lr=1e-2, export=False),
+                         FinetuneConfig(mode="full", steps=3, batch_size=8, replay=0.0, lr=1e-2, export=False,
+                                        signatures=False),
                          progress=False)
     assert report["frozen_unchanged"] is None and report["trainable_params"] == report["total_params"]
     sd = torch.load(tmp_path / "full" / "model.pt", weights_only=True)["model"]
@@ -143,6 +218,9 @@ def test_the_finetune_is_a_model_directory_the_engine_and_eval_load(tuned):
     cons = json.loads((out / "constraints.json").read_text())
     assert {"barrel", "lanterns", "douse"} <= set(cons["vocabulary"])
     assert cons["slot_rules"]["archetype"]["quartermaster"] == ["player"]
+    assert "low water" in cons["signatures"]["context:tide=low"]
+    assert "high water" in cons["signatures"]["context:tide=high"]
+    assert report["signatures_added"]["context:tide=low"] == cons["signatures"]["context:tide=low"]
     fallbacks = json.loads((out / "fallbacks.json").read_text())
     assert fallbacks["smuggler"]["friendly"] == ["Keep your voice down and your purse open."]
     gen = LineGenerator.load(out)
@@ -152,6 +230,17 @@ def test_the_finetune_is_a_model_directory_the_engine_and_eval_load(tuned):
         assert isinstance(line.text, str) and line.text
     finally:
         gen.close()
+    # the engine's constraints refuse a tide=low phrase for tide=high and without tide, as the
+    # base book's signatures refuse "full daylight" at night
+    from runtime.client.constraints import WordState, read_constraints
+
+    words = read_constraints(out).word_constraint(Tokenizer.load(out))
+    line = "Low water, and the hull plates are showing."
+    for tide, ok in (("low", True), ("high", False), (None, False)):
+        bits = words.banned_bits("quartermaster", context={"tide": tide} if tide else {})
+        assert (words.advance(WordState(), line, final=True, banned=bits) is not None) is ok, tide
+    assert ft.read_studio_lines(out)[5].like == "merchant"
+    assert report["started_from"]["<arch:quartermaster>"]["from"] == "<arch:merchant>"
     section = ft.eval_section(out)
     assert section["lines"] == len(LINES) and section["mode"] == "adapters"
     # measured on the INT4 graph, it matches the fine-tune's own figure (same weights, fp16 table)
