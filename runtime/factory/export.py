@@ -595,11 +595,10 @@ chosen with ``flashnpc eval`` on the shipped model (docs/model.md, "Decoding"): 
 a requested tag are worth this many logits, within 5 logits of the model's most likely token."""
 
 
-SHIP_BIGRAMS = False
+SHIP_BIGRAMS = True
 """Whether :func:`write_constraints` (and so ``flashnpc export``) writes the book's word bigrams by
-default. Off while the shipped ``runtime/assets/flash/constraints.json`` has none, so that the
-export writes what ships; turned on together with re-deriving that file (docs/model.md,
-"Decoding")."""
+default. On since the shipped ``runtime/assets/flash/constraints.json`` was re-derived with them
+(the export writes what ships; docs/model.md, "Decoding")."""
 
 
 def book_lines(book: LineBook) -> list[str]:

@@ -17,10 +17,15 @@ import pytest
 from tests.runtime.factory.test_export_fixtures import tiny_config, tiny_model
 
 
-def build_tiny_model_dir(root: Path, *, seed: int = 0, vocab_size: int = 512, block_size: int = 64) -> Path:
-    """Export a seeded random tiny model with a line-book tokenizer to ``root/flash``."""
+def build_tiny_model_dir(root: Path, *, seed: int = 0, vocab_size: int = 512, block_size: int = 64,
+                         bigrams: bool = False) -> Path:
+    """Export a seeded random tiny model with a line-book tokenizer to ``root/flash``. Without
+    the book's word bigrams by default: a random model under them falls back on nearly every
+    line, and these models test the engine's mechanics (tests/runtime/client/test_bigrams*.py
+    test the bigrams on the shipped model)."""
     import torch
 
+    from runtime.factory import export
     from runtime.factory.export import export_checkpoint
     from runtime.factory.linebook import load_line_book
     from runtime.tokenizer import train_tokenizer
@@ -36,7 +41,11 @@ def build_tiny_model_dir(root: Path, *, seed: int = 0, vocab_size: int = 512, bl
     (ckpt / "config.json").write_text(json.dumps(asdict(model.config)))
     (ckpt / "catalog.json").write_text(json.dumps(catalog))
     tok.save(ckpt / "tokenizer.json")
-    export_checkpoint(ckpt, root / "flash")
+    ship, export.SHIP_BIGRAMS = export.SHIP_BIGRAMS, bigrams
+    try:
+        export_checkpoint(ckpt, root / "flash")
+    finally:
+        export.SHIP_BIGRAMS = ship
     return root / "flash"
 
 

@@ -44,8 +44,16 @@ def table(cons: Constraints) -> BigramTable:
 
 
 @pytest.fixture(scope="module")
-def plain() -> LineGenerator:
-    return LineGenerator.load(warmup=False)
+def plain(tmp_path_factory: pytest.TempPathFactory) -> LineGenerator:
+    """The shipped model with its constraints.json stripped of the table (the engine before it)."""
+    root = tmp_path_factory.mktemp("plain") / "flash"
+    shutil.copytree(DEFAULT_MODEL_DIR, root)
+    doc = json.loads((root / "constraints.json").read_text(encoding="utf-8"))
+    doc.pop("bigrams", None)
+    (root / "constraints.json").write_text(json.dumps(doc), encoding="utf-8")
+    gen = LineGenerator.load(root, warmup=False)
+    assert gen.mask._bigrams is None
+    return gen
 
 
 @pytest.fixture(scope="module")
