@@ -102,8 +102,11 @@ def write_blind(
     for k, ((shape, side), n) in enumerate(sorted(wanted.items())):
         rng = cell_rng(seed, shape, side, purpose=2)
         requests = draw_requests(book, pair_conditions(book, split, side), shape, n, rng, personas)
-        for request, line in zip(requests, sampler.sample(requests, seed=seed * 1000 + 500 + k)):
-            items.append(_item("model", shape, side, request, line))
+        lines = sampler.sample(requests, seed=seed * 1000 + 500 + k)
+        falls = getattr(sampler, "last_fallbacks", None) or [False] * len(lines)
+        for request, line, falls_back in zip(requests, lines, falls):
+            items.append({**_item("model", shape, side, request, line),
+                          "engine_falls_back": bool(falls_back)})
 
     have = [cell for cell in _cells(len(SHAPES) * len(SIDES)) if pools[(*cell, "text")]]
     if book_lines and not have:
@@ -202,7 +205,10 @@ def _shares(ratings: Sequence[int]) -> dict[str, Any]:
 
 
 def summarise(rated: Sequence[Rated]) -> dict[str, Any]:
-    """Shippable / clumsy / garbled shares per source, and per source and shape or side."""
+    """Shippable / clumsy / garbled shares per source, and per source and shape or side. The
+    model's ``as_served`` share leaves out the lines the engine would have replaced by an authored
+    fallback (the key's ``engine_falls_back``: stopped on every attempt; the kit keeps their whole
+    words so that they count against the model in ``all``); ``fallbacks`` counts them."""
     out: dict[str, Any] = {}
     for source in SOURCES:
         mine = [r for r in rated if r.item["source"] == source]
@@ -211,6 +217,9 @@ def summarise(rated: Sequence[Rated]) -> dict[str, Any]:
             "by_shape": {s: _shares([r.rating for r in mine if r.item["shape"] == s]) for s in SHAPES},
             "by_side": {s: _shares([r.rating for r in mine if r.item["side"] == s]) for s in SIDES},
         }
+    model = [r for r in rated if r.item["source"] == "model"]
+    out["model"]["as_served"] = _shares([r.rating for r in model if not r.item.get("engine_falls_back")])
+    out["model"]["fallbacks"] = sum(bool(r.item.get("engine_falls_back")) for r in model)
     return out
 
 
@@ -224,8 +233,13 @@ def format_summary(summary: dict[str, Any]) -> str:
         groups = [("all", summary[source]["all"])]
         groups += [(s, v) for s, v in summary[source]["by_shape"].items()]
         groups += [(s, v) for s, v in summary[source]["by_side"].items()]
+        if source == "model" and summary[source].get("fallbacks"):
+            groups.append(("as served", summary[source]["as_served"]))
         for name, g in groups:
             if g["n"] or name == "all":
                 rows.append(f"{source:8s} {name:12s} {g['n']:>6d} {pct(g['shippable']):>10s} "
                             f"{pct(g['clumsy']):>8s} {pct(g['garbled']):>8s}")
+    if summary["model"].get("fallbacks"):
+        rows.append(f"(as served: without the {summary['model']['fallbacks']} model lines the engine "
+                    f"would have replaced by an authored fallback)")
     return "\n".join(rows)

@@ -176,6 +176,10 @@ class Sampler:
         texts = [tok.decode(x) for x in ids]
         for k in todo:  # stopped on every attempt: the engine would fall back; keep its whole words
             texts[k] = settled_text(texts[k]).rstrip()
+        #: per line of the last call: True where the engine would have served a fallback instead
+        self.last_fallbacks = [False] * len(requests)
+        for k in todo:
+            self.last_fallbacks[k] = True
         return texts
 
 

@@ -92,6 +92,31 @@ def test_unblind_summarises_per_source_shape_and_side(kit):
     assert "shippable" in table and "ctx0" in table and "heldout" in table
 
 
+class FallingBackSampler(StandinSampler):
+    """The stand-in sampler, saying that the engine would fall back on every third line."""
+
+    def sample(self, requests, seed):
+        lines = super().sample(requests, seed)
+        self.last_fallbacks = [k % 3 == 0 for k in range(len(lines))]
+        return lines
+
+
+def test_unblind_reports_the_model_as_served_without_the_lines_the_engine_replaces(tmp_path):
+    out = tmp_path / "lines.csv"
+    key = write_blind(out, book=StandinBook(), sampler=FallingBackSampler(), model_lines=20,
+                      book_lines=5, seed=3)
+    model = [item for item in key["items"] if item["source"] == "model"]
+    falls = {item["id"] for item in model if item["engine_falls_back"]}
+    assert 0 < len(falls) < len(model)
+    _rate(out, lambda row: "0" if row["id"] in falls else "2")  # the kit's cut lines read garbled
+    summary = summarise(read_ratings(out))
+    assert summary["model"]["all"]["garbled"] == pytest.approx(len(falls) / 20)
+    assert summary["model"]["as_served"] == {"n": 20 - len(falls), "shippable": 1.0, "clumsy": 0.0,
+                                             "garbled": 0.0, "mean": 2.0}
+    assert summary["model"]["fallbacks"] == len(falls)
+    assert "as served" in format_summary(summary)
+
+
 def test_unblind_refuses_missing_and_invalid_ratings_with_file_and_line(kit):
     out, _ = kit
     rows = _rate(out, lambda row: "1")
