@@ -25,8 +25,7 @@ def build_tiny_model_dir(root: Path, *, seed: int = 0, vocab_size: int = 512, bl
     test the bigrams on the shipped model)."""
     import torch
 
-    from runtime.factory import export
-    from runtime.factory.export import export_checkpoint
+    from runtime.factory.export import export_checkpoint, write_constraints
     from runtime.factory.linebook import load_line_book
     from runtime.tokenizer import train_tokenizer
 
@@ -41,11 +40,8 @@ def build_tiny_model_dir(root: Path, *, seed: int = 0, vocab_size: int = 512, bl
     (ckpt / "config.json").write_text(json.dumps(asdict(model.config)))
     (ckpt / "catalog.json").write_text(json.dumps(catalog))
     tok.save(ckpt / "tokenizer.json")
-    ship, export.SHIP_BIGRAMS = export.SHIP_BIGRAMS, bigrams
-    try:
-        export_checkpoint(ckpt, root / "flash")
-    finally:
-        export.SHIP_BIGRAMS = ship
+    write_constraints(ckpt / "constraints.json", bigrams=bigrams)  # the export copies it
+    export_checkpoint(ckpt, root / "flash")
     return root / "flash"
 
 
