@@ -67,19 +67,26 @@ FIELDS = ("archetype", "state", "intent", "persona", "context", "line", "fallbac
 
 
 def rating_prompts(n: int, seed: int = 0) -> list[tuple[str, str, str, list[str], dict[str, str]]]:
-    """``n`` prompts walking archetype x state in order, the intents and tide values round-robin
-    (so every pairing shows up), a persona trait on every third, the time of day on every fourth."""
+    """``n`` prompts: the archetype turns every prompt, the state every three (so 72 prompts hold
+    each archetype x state three times) and the tide with the state (low / high / none: each
+    archetype meets every state x tide pairing once in 72); the intents round-robin; a persona
+    trait on a third of the prompts, placed so that each archetype gets the same share of them
+    (8 of 24 in 72), on every state and tide value, and the time of day on every fourth.
+
+    The previous design put the trait on every third prompt and the tide round-robin, so the
+    trait and the tide each followed the archetype (every harbormaster prompt had a trait, every
+    quartermaster prompt the low tide); this one does not confound them."""
     rng = random.Random(seed)
-    cells = itertools.cycle([(a, s) for s in STATES for a in NEW])
-    intents, tides = itertools.cycle(INTENTS), itertools.cycle(("low", "high", None))
+    intents = itertools.cycle(INTENTS)
     out = []
     for i in range(n):
-        arch, state = next(cells)
-        tide = next(tides)
+        a, k = i % len(NEW), i // len(NEW)
+        arch, state, tide = NEW[a], STATES[k % len(STATES)], ("low", "high", None)[k % 3]
         context = {"tide": tide} if tide else {}
         if i % 4 == 3:
             context["time_of_day"] = rng.choice(("dawn", "day", "dusk", "night"))
-        out.append((arch, state, next(intents), [rng.choice(TRAITS)] if i % 3 == 2 else [], context))
+        persona = [rng.choice(TRAITS)] if (k + a + k // 3) % 3 == 0 else []
+        out.append((arch, state, next(intents), persona, context))
     return out
 
 

@@ -1,0 +1,80 @@
+"""The pirate-port example's data and rating sheet: the composed file tags a persona trait in
+every state and intent of every new archetype, it reads back through ``read_lines`` without a
+bad row, and the rating sheet's design does not tie the persona or the tide to one archetype."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+from collections import Counter
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "finetune"
+
+
+def load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"finetune_example_{name}", EXAMPLE / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def composed(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, str]]:
+    out = tmp_path_factory.mktemp("lines") / "more.csv"
+    assert load("make_lines").main(["--out", str(out)]) == 0
+    with out.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_the_composed_file_is_the_committed_one(composed):
+    with (EXAMPLE / "pirate_port_more.csv").open(newline="") as f:
+        assert list(csv.DictReader(f)) == composed
+
+
+def test_every_new_archetype_state_and_intent_has_persona_tagged_lines(composed):
+    ml = load("make_lines")
+    tagged = Counter((r["archetype"], r["state"], r["intent"]) for r in composed if r["persona"])
+    cells = [(a, s, i) for a in ml.LEADS for s in ml.STATES for i in ml.INTENTS]
+    assert [c for c in cells if tagged[c] < 3] == []
+    traits = Counter(r["persona"] for r in composed if r["persona"] and ml.TONE[r["state"]] in ("wary", "fight"))
+    assert set(traits) == set(ml.MOODS)
+    assert sum(bool(r["persona"]) for r in composed) / len(composed) > 0.2
+
+
+def test_persona_lines_with_a_tide_say_only_that_tide(composed):
+    for r in composed:
+        if r["persona"] and r["context"]:
+            other = {"tide=low": ("high water", "tide's in", "tide's up", "high tide"),
+                     "tide=high": ("low water", "tide's out", "low tide")}[r["context"]]
+            assert not any(p in r["line"].lower() for p in other), r
+
+
+def test_the_composed_file_reads_without_a_bad_row(composed):
+    from runtime.factory.finetune import read_lines
+
+    catalog = json.loads((Path(__file__).resolve().parents[3] / "runtime" / "assets" / "flash" /
+                          "catalog.json").read_text())
+    lines = read_lines(EXAMPLE / "pirate_port_more.csv", catalog)
+    assert len(lines) == len(composed)
+
+
+def test_the_rating_sheet_spreads_persona_and_tide_over_every_archetype():
+    demo = load("demo")
+    prompts = demo.rating_prompts(72)
+    per_arch = Counter(a for a, *_ in prompts)
+    with_trait = Counter(a for a, _, _, persona, _ in prompts if persona)
+    assert per_arch == {a: 24 for a in demo.NEW}
+    assert with_trait == {a: 8 for a in demo.NEW}
+    tides = {a: Counter(ctx.get("tide") for b, _, _, _, ctx in prompts if b == a) for a in demo.NEW}
+    assert all(t == {"low": 8, "high": 8, None: 8} for t in tides.values())
+    trait_tides = {a: {ctx.get("tide") for b, _, _, persona, ctx in prompts if b == a and persona} for a in demo.NEW}
+    assert all(t == {"low", "high", None} for t in trait_tides.values())
+    cells = Counter((a, s) for a, s, *_ in prompts)
+    assert set(cells.values()) == {3} and len(cells) == 24
+    assert len({i for _, _, i, _, _ in prompts}) == 7
