@@ -715,14 +715,24 @@ def extend_constraints(cons: Mapping[str, Any], lines: Sequence[StudioLine], cat
 
 def extend_fallbacks(fallbacks: Mapping[str, Mapping[str, list[str]]], lines: Sequence[StudioLine],
                      per_pair: int = 6, max_words: int = 14) -> dict[str, dict[str, list[str]]]:
-    """Fallback lines for the studio's (archetype, state) pairs: its shortest slot-free lines."""
+    """Fallback lines for the studio's (archetype, state) pairs: up to ``per_pair`` of its
+    slot-free, context-free lines of at most ``max_words`` words, shortest first.
+
+    ``fallbacks.json`` is keyed by archetype and state only, so the engine serves one of these
+    whatever the player's intent or the NPC's persona: the lines a studio wrote for ``approach``
+    (the default intent: the player walks up) without a persona trait come first, since they
+    fit any move; the pair's other lines only fill the remaining places (a pair with nothing
+    else keeps its farewell or trade lines rather than no studio line at all)."""
     out = {a: {s: list(v) for s, v in states.items()} for a, states in fallbacks.items()}
-    pairs: dict[tuple[str, str], list[str]] = {}
+    pairs: dict[tuple[str, str], set[tuple[bool, str]]] = {}
     for line in lines:
         if "{" not in line.text and len(line.text.split()) <= max_words and not line.context:
-            pairs.setdefault((line.archetype, line.state), []).append(line.text)
+            neutral = line.intent == DEFAULT_INTENT and not line.persona
+            pairs.setdefault((line.archetype, line.state), set()).add((not neutral, line.text))
     for (arch, state), texts in sorted(pairs.items()):
-        out.setdefault(arch, {})[state] = sorted(set(texts), key=lambda t: (len(t), t))[:per_pair]
+        ranked = sorted(texts, key=lambda t: (t[0], len(t[1]), t[1]))
+        picked = list(dict.fromkeys(text for _, text in ranked))
+        out.setdefault(arch, {})[state] = picked[:per_pair]
     return out
 
 

@@ -144,6 +144,20 @@ def test_studio_signatures_tie_a_phrase_to_the_one_new_tag_every_line_saying_it_
                     "archetype:smuggler": ["brandy"]}  # "cove": two archetypes say it; "quiet": weary or harbormaster?
 
 
+def test_fallbacks_put_a_pairs_intent_free_lines_first_and_skip_slots_and_context():
+    sl = ft.StudioLine
+    lines = [sl("smuggler", "alert", "Go. Slowly.", intent="farewell"),
+             sl("smuggler", "alert", "Bah. Keep it quiet.", persona=("gruff",)),
+             sl("smuggler", "alert", "Customs boat. Nobody breathes."),
+             sl("smuggler", "alert", "Douse it, {player}."),
+             sl("smuggler", "alert", "Low water.", context=(("tide", "low"),)),
+             sl("smuggler", "rest", "Fair winds.", intent="farewell")]
+    out = ft.extend_fallbacks({"guard": {"alert": ["Halt!"]}}, lines, per_pair=2)
+    assert out["smuggler"]["alert"] == ["Customs boat. Nobody breathes.", "Go. Slowly."]
+    assert out["smuggler"]["rest"] == ["Fair winds."]  # nothing intent-free: the pair keeps what it has
+    assert out["guard"] == {"alert": ["Halt!"]}
+
+
 def test_new_names_become_control_tokens_and_text_ids_shift_consistently(tmp_path):
     lines = ft.read_lines(write_jsonl(tmp_path / "l.jsonl", LINES), CATALOG)
     catalog, added = ft.extend_catalog(CATALOG, lines)
