@@ -104,8 +104,9 @@ def write_sheet(gen: LineGenerator, path: Path, prompts: int, seed: int) -> None
 
 
 def summary(path: Path) -> dict[str, object]:
-    """Shares of 2 / 1 / 0 and of contradictions in a rated sheet (model lines; authored
-    fallbacks counted apart), overall and per archetype."""
+    """Shares of 2 / 1 / 0 and of contradictions in a rated sheet: all lines, the model lines
+    (authored fallbacks counted apart), the model lines with and without a persona trait in
+    their prompt, and per archetype (all lines)."""
     rows = list(csv.DictReader(path.open(newline="")))
     missing = [i + 2 for i, r in enumerate(rows) if r["rating"].strip() not in ("0", "1", "2")]
     if missing:
@@ -118,6 +119,8 @@ def summary(path: Path) -> dict[str, object]:
 
     model = [r for r in rows if r["fallback"] != "1"]
     return {"all": shares(rows), "model_lines": shares(model),
+            "model_lines_with_trait": shares([r for r in model if r["persona"].strip()]),
+            "model_lines_without_trait": shares([r for r in model if not r["persona"].strip()]),
             "authored_fallbacks": sum(r["fallback"] == "1" for r in rows),
             **{a: shares([r for r in rows if r["archetype"] == a]) for a in sorted({r["archetype"] for r in rows})}}
 
