@@ -90,6 +90,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
                         help="default: cuda when available, else cpu")
     parser.add_argument("--resume", action="store_true", help="continue from DIR/model.pt if present")
+    parser.add_argument("--init-from", metavar="MODEL", default=None,
+                        help="warm start: begin from this model's weights and tokenizer (an exported "
+                             "model directory or a checkpoint directory) with a fresh schedule")
     parser.add_argument("--seed", type=int, default=None, metavar="N", help="seed for init and data order (default 0)")
     parser.add_argument("--tiny", action="store_true", help="tiny model and schedule, for smoke tests")
     parser.add_argument("--threads", type=int, default=None, metavar="N",
@@ -167,7 +170,27 @@ def run_train(args: argparse.Namespace) -> int:
     # with --json, stdout carries only the JSON object
     note = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
     tok_path = out / "tokenizer.json"
-    if tok_path.exists():
+    init_model = None
+    if args.init_from is not None and not (args.resume and (out / "model.pt").exists()):
+        from runtime.factory.train import initial_model
+        from runtime.serving.batched_engine import EngineLoadError
+
+        try:
+            init_model, tokenizer = initial_model(args.init_from)
+        except (EngineLoadError, FileNotFoundError, ValueError) as exc:
+            print(f"flashnpc train: error: --init-from {args.init_from}: {exc}", file=sys.stderr)
+            return 2
+        from runtime.tokenizer import control_tokens
+
+        missing = [t for t in control_tokens(book.catalog()) if t not in set(tokenizer.controls)]
+        if missing:
+            print(f"flashnpc train: error: --init-from {args.init_from}: its tokenizer has no "
+                  f"{', '.join(missing[:5])} (the line book asks for tags the model was not trained "
+                  f"with; fine-tune it instead: flashnpc finetune)", file=sys.stderr)
+            return 2
+        note(f"warm start from {args.init_from} (vocab {tokenizer.vocab_size}, "
+             f"{init_model.num_params()['total']:,} parameters)")
+    elif tok_path.exists():
         tokenizer = Tokenizer.load(tok_path)
         note(f"tokenizer: loaded {tok_path} (vocab {tokenizer.vocab_size})")
     else:
@@ -183,7 +206,7 @@ def run_train(args: argparse.Namespace) -> int:
     try:
         log = train(out, train_examples=split.train, val_examples=split.val, tokenizer=tokenizer,
                     catalog=book.catalog(), model_config=model_cfg, train_config=train_config,
-                    device=device, resume=resume, progress=not args.quiet)
+                    device=device, resume=resume, init_from=init_model, progress=not args.quiet)
     except KeyboardInterrupt:
         print(f"\ninterrupted; checkpoint saved in {out}, continue with --resume", file=sys.stderr)
         return 130

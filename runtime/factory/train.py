@@ -299,6 +299,7 @@ def train(
     train_config: TrainConfig | None = None,
     device: str = "cpu",
     resume: bool = False,
+    init_from: Flash | None = None,
     progress: bool = True,
     on_step: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
@@ -310,6 +311,11 @@ def train(
     optimizer state (``train_config``, when given, still applies, e.g. more steps).
     ``on_step(step, record)`` is called after every optimiser step. ``model_config.qat`` is
     ignored: QAT is switched on at ``train_config.qat_start_step``.
+
+    ``init_from``: a trained model to start from (a warm start, :func:`initial_model`), used
+    when there is no checkpoint to resume: its config replaces ``model_config``, its weights the
+    random init; the optimizer and the schedule (``train_config``) start fresh. ``tokenizer``
+    must be the one it was trained with.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -320,10 +326,16 @@ def train(
         ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
         model_cfg = FlashConfig(**ckpt["config"])
         tcfg = train_config or TrainConfig(**ckpt["train_config"])
+    elif init_from is not None:
+        model_cfg = FlashConfig(**asdict(init_from.config))
+        tcfg = train_config or TrainConfig()
     else:
         model_cfg = FlashConfig(**asdict(model_config or FlashConfig()))
         tcfg = train_config or TrainConfig()
     if model_cfg.vocab_size != tokenizer.vocab_size:
+        if init_from is not None and ckpt is None:
+            raise ValueError(f"init model vocab_size {model_cfg.vocab_size} != tokenizer vocab_size "
+                             f"{tokenizer.vocab_size}: a warm start needs the model's own tokenizer")
         if ckpt is not None:
             raise ValueError(
                 f"checkpoint vocab_size {model_cfg.vocab_size} != tokenizer vocab_size {tokenizer.vocab_size} in {out}"
@@ -336,6 +348,9 @@ def train(
     optimizer = model.configure_optimizer(tcfg.lr, tcfg.weight_decay, (tcfg.beta1, tcfg.beta2))
     start_step = 0
     log: dict[str, Any] = {"records": [], "val": []}
+    if ckpt is None and init_from is not None:
+        model.load_state_dict(init_from.state_dict())
+        log["init_from"] = getattr(init_from, "source", None)
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -435,6 +450,27 @@ def train(
     }
     save_checkpoint(out, model, optimizer, final_step, tcfg, log)
     return log
+
+
+def initial_model(path: str | Path) -> tuple[Flash, Any]:
+    """(model, tokenizer) to warm-start training from (``train(init_from=...)``).
+
+    ``path`` is a checkpoint directory (``model.pt``, as ``flashnpc train`` writes it) or an
+    exported model directory (``model.int4.onnx``: its weights are rebuilt exactly, see
+    :func:`runtime.serving.batched_engine.flash_from_onnx`). The model's output layer is tied to
+    its embedding again (the graph stores them apart, the INT4 head beside the fp16 table; the
+    fp16 table is kept), so the result trains and saves like any Flash model.
+    """
+    from runtime.serving.batched_engine import load_flash
+
+    root = Path(path)
+    if (root / "model.pt").is_file():
+        model, tok, _ = load_flash(root, checkpoint=root)
+    else:
+        model, tok, _ = load_flash(root)
+    model.lm_head.weight = model.transformer.wte.weight
+    model.source = str(root)
+    return model.float(), tok
 
 
 def _progress(it: range, *, initial: int, total: int, enabled: bool) -> Any:

@@ -167,3 +167,40 @@ def test_cli_trains_tiny_model_and_resume_reuses_the_tokenizer(tmp_path, capsys)
 def test_cli_rejects_unknown_setting_naming_it(tmp_path, capsys):
     assert flashnpc(["train", "--out", str(tmp_path), "--config", '{"n_experts": 8}']) == 2
     assert "unknown setting 'n_experts'" in capsys.readouterr().err
+
+
+def test_warm_start_begins_from_the_exported_models_own_weights(tmp_path, book_data):
+    from runtime.factory.train import initial_model
+    from runtime.paths import DEFAULT_MODEL_DIR
+
+    model, tokenizer = initial_model(DEFAULT_MODEL_DIR)
+    assert model.lm_head.weight is model.transformer.wte.weight  # tied again, so it saves as one table
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    train_ex, val_ex, _, catalog = book_data
+    tcfg = TrainConfig(steps=1, batch_size=2, lr=0.0, min_lr=0.0, warmup_steps=0, weight_decay=0.0,
+                       eval_interval=1, eval_examples=8, checkpoint_interval=10, qat_fraction=0.0)
+    log = train(tmp_path, train_examples=train_ex[:8], val_examples=val_ex[:8], tokenizer=tokenizer,
+                catalog=catalog, train_config=tcfg, init_from=model, progress=False)
+    assert log["init_from"] == str(DEFAULT_MODEL_DIR)
+    saved, ckpt = load_checkpoint(tmp_path)
+    assert ckpt["config"] == json.loads((DEFAULT_MODEL_DIR / "config.json").read_text()) | {"qat": False}
+    for name, value in saved.state_dict().items():
+        assert torch.equal(value, start[name]), name
+    # the shipped model starts far below a random init's loss on the book (ln 2048 = 7.6)
+    assert log["final"]["val_ce_int4"] < 3.0
+
+
+def test_cli_warm_start_refuses_a_book_with_tags_the_model_never_saw(tmp_path, capsys):
+    import shutil
+
+    from runtime.paths import DEFAULT_MODEL_DIR
+
+    book = tmp_path / "book"
+    shutil.copytree(DEFAULT_MODEL_DIR.parent / "linebook", book)
+    (book / "11_more_traits.yaml").write_text(
+        "persona_traits:\n  stern:\n    calm: [\"Mind yourself.\"]\n    urgent: [\"Mind yourself!\"]\n")
+    code = flashnpc(["train", "--out", str(tmp_path / "run"), "--init-from", str(DEFAULT_MODEL_DIR),
+                     "--line-book", str(book), "--steps", "1", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "<persona:stern>" in err and "flashnpc finetune" in err
