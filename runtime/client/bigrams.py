@@ -285,7 +285,13 @@ class BigramMask:
         self._exact = {m: wc._exact[m] for m in wc._exact}
         self._eos = wc.eos_id
         self._memo = _Memo(2 * max_states)
+        # the ranges of every entry of the word constraint's walk table (the lead tokens of every state)
+        self._walk_ranges = [self._ranges(wc._walk_reached, wc._walk_apos, last) for last in (False, True)]
         self._start_block = [self._fail(self._tail_reset, self._starts, last) for last in (False, True)]
+        self._tail_ranges = [self._ranges(self._tail_node[self._with_tail], self._tail_pending[self._with_tail], last)
+                             for last in (False, True)]
+        self._slot_ranges = self._ranges(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), True,
+                                         words=self._slot[self._slots])
         self._empty = np.zeros(0, dtype=np.int64)
         self._empty.flags.writeable = False
 
@@ -330,6 +336,48 @@ class BigramMask:
             miss[at] = ~ok
         return miss
 
+    def _ranges(self, nodes: np.ndarray, pending: np.ndarray, last: bool, *,
+                words: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_misses` of ``nodes`` as ranges, so one ``searchsorted`` judges them all for any
+        ``ids`` (:meth:`_missed`): (bounds [k, 4]: per word being spelled two id ranges
+        ``[lo1, hi1)`` and ``[lo2, hi2)`` it can still become, the second empty but on a pending
+        apostrophe; whether it can miss at all). ``words``: judge these ids themselves (each
+        the range ``[w, w + 1)``) instead of ``nodes``."""
+        if words is not None:
+            zero = np.zeros(len(words), dtype=np.int64)
+            return np.stack([words, words + 1, zero, zero], axis=1), np.ones(len(words), dtype=bool)
+        word = self._rank[nodes]
+        is_word = word >= 0
+        zero = np.zeros(len(nodes), dtype=np.int64)
+        if last:  # it ends here: it must be one of the ids (a word being spelled that is none is not judged)
+            lo1 = np.where(is_word, word, 0)
+            return np.stack([lo1, np.where(is_word, word + 1, 0), zero, zero], axis=1), is_word
+        lo1, hi1 = self._lo[nodes].copy(), self._hi[nodes].copy()
+        lo2, hi2 = zero.copy(), zero.copy()
+        at = np.flatnonzero(pending)
+        if len(at):  # the word ends here (its own id) or goes on past the apostrophe
+            w, n = word[at], nodes[at]
+            lo1[at], hi1[at] = w, np.where(w >= 0, w + 1, 0)
+            lo2[at], hi2[at] = self._apos_lo[n], self._apos_hi[n]
+        return np.stack([lo1, hi1, lo2, hi2], axis=1), np.ones(len(nodes), dtype=bool)
+
+    @staticmethod
+    def _missed(ids: np.ndarray | None, ranges: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        """Per word of ``ranges`` (:meth:`_ranges`): whether sorted ``ids`` (None: every id) has
+        no element in either of its ranges (and it can miss): :meth:`_misses`, in one search."""
+        bounds, can = ranges
+        if ids is None:
+            return np.zeros(len(can), dtype=bool)
+        c = np.searchsorted(ids, bounds)
+        return (c[:, 1] <= c[:, 0]) & (c[:, 3] <= c[:, 2]) & can
+
+    def _lead_ranges(self, node: int, mode: int, last: bool) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+        """(the lead tokens of ``node`` in ``mode``, :meth:`_ranges` of the nodes they reach):
+        views of the word constraint's walk table and of its ranges, made at load."""
+        lo, hi = self.wc._walk_slice.get(4 * node + mode, (0, 0))
+        bounds, can = self._walk_ranges[last]
+        return self.wc._walk_toks[lo:hi], (bounds[lo:hi], can[lo:hi])
+
     def _member(self, ids: np.ndarray | None, i: int) -> bool:
         if ids is None:
             return True
@@ -356,20 +404,17 @@ class BigramMask:
         parts = [x for x in parts if len(x)]
         if not parts:
             return self._empty
-        union = np.zeros(self.wc.vocab_size, dtype=bool)  # (cheaper than np.unique of the parts)
-        for x in parts:
-            union[x] = True
-        out = np.flatnonzero(union)
+        # (an index array: its order and repeats do not matter to a mask, so the parts are joined)
+        out = parts[0] if len(parts) == 1 else np.concatenate(parts)
         out.flags.writeable = False
         return out
 
     def _at_boundary(self, prev: int, last: bool) -> list[np.ndarray]:
         """The simple tokens blocked at a word boundary after ``prev``."""
         ids = self._set(prev)
-        parts = [self._start_block[last], self._fail(self._with_tail, ids, last)]
+        parts = [self._start_block[last], self._with_tail[self._missed(ids, self._tail_ranges[last])]]
         if ids is not None and len(self._slots):
-            slot_ids = self._slot[self._slots]
-            parts.append(self._slots[~self._fits(ids, slot_ids, slot_ids + 1)])
+            parts.append(self._slots[self._missed(ids, self._slot_ranges)])
         if ids is not None and not len(ids) and not last:
             parts.append(self._dangling)
         return parts
@@ -380,19 +425,29 @@ class BigramMask:
         if node < 0:
             return []
         ids = self._set(prev)
-        toks, reached, pending = self.wc._lead_arrays(node, mode)
+        toks, ranges = self._lead_ranges(node, mode, last)
         parts = []
         if len(toks):
-            parts.append(toks[self._misses(ids, reached, pending, last)])
+            parts.append(toks[self._missed(ids, ranges)])
         word = int(self._rank[node])
         if word >= 0:  # (else the vocabulary blocks every token ending it)
             ends = self.wc._ends[mode]
-            if not self._member(ids, word):
-                parts.append(ends)
-            else:
-                after = self.blocked(WordState(prev=word), last)
-                parts.append(after[self.wc._ends_mask[mode][after]])
+            parts.append(ends if not self._member(ids, word) else self._ends_after(word, mode, last))
         return parts
+
+    def _ends_after(self, word: int, mode: int, last: bool) -> np.ndarray:
+        """The tokens ending a word (in ``mode``) that the bigrams block after that word, ``word``
+        (those that start a word which may not follow it), kept per word."""
+        key = ("ends", mode, word, last)
+        out = self._memo.peek(key)
+        if out is None:
+            def make() -> np.ndarray:
+                after = self.blocked(WordState(prev=word), last)
+                hit = after[self.wc._ends_mask[mode][after]]
+                hit.flags.writeable = False
+                return hit
+            out = self._memo.get(key, make)
+        return out  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------ steps and the reference
 

@@ -1107,12 +1107,13 @@ class WordConstraint:
         return mask
 
     def mask_logits(self, row: np.ndarray, state: WordState, *, last: bool = False,
-                    banned: int | None = None) -> None:
+                    banned: int | None = None, _top: np.floating | None = None) -> None:
         """Apply the constraints to a logits row, in place: ``row[blocked(state, last=last,
         banned=banned)]`` to -inf (the same result without building the mask: the state's kept
         mask, then the request's tokens), then, when the constraints carry one (``voice``), the
         voice bonus of the tags the request asked for (:meth:`voice_bonus`) on the tokens within
-        ``voice["within"]`` logits of the row's largest (the model's most likely token)."""
+        ``voice["within"]`` logits of the row's largest (the model's most likely token).
+        (``_top``: that largest, when the caller has it: :meth:`masked_row`.)"""
         ban = self._default if banned is None else banned
         base, out = self._pieces(state, last, ban)
         bonus = self._bonus_row(state, ban) if self.voice else None
@@ -1120,7 +1121,7 @@ class WordConstraint:
         if bonus is not None:
             within = self.voice.get("within")
             if within is not None:
-                top = row.max() - within
+                top = (row.max() if _top is None else _top) - within
                 if top == top:  # (no NaN in the row: else every token gets its bonus, as in _bonus)
                     near = row >= top
         np.putmask(row, base, _NEG_INF)
@@ -1146,10 +1147,11 @@ class WordConstraint:
         again. ``eos`` before ``min_tokens`` is the caller's (a line asked to go on is not
         derailing, so it is held back after the veto is judged)."""
         row = raw.astype(np.float32, copy=True)
-        self.mask_logits(row, state, last=last, banned=banned)
+        top = int(np.argmax(raw))  # (rounding to float32 keeps the order: row's largest is row[top])
+        self.mask_logits(row, state, last=last, banned=banned, _top=row[top])
         if block is not None and len(block):
             row[block] = _NEG_INF
-        return row, vetoed(raw, row, state=state)
+        return row, _vetoed_at(raw, row, top, VETO, state)
 
     # ------------------------------------------------------------ voice bonus
 
@@ -1356,7 +1358,8 @@ class WordConstraint:
                 out.append(self._ends[mode])
             elif node > 0:
                 self._landing(out, node, last, True)
-            if 0 < echo < self._slot_base and node >= 0:
+            # (a lead only reaches nodes below ``node``: the echo must be one to be reached)
+            if 0 < echo < self._slot_base and node < echo < self._subtree_end[node]:
                 toks, reached, apos = self._lead_arrays(node, mode)
                 at = reached == echo
                 if not last:
@@ -1852,9 +1855,13 @@ def vetoed(raw: np.ndarray, masked: np.ndarray, threshold: float = VETO, *,
     which only a third dot may follow) nothing is vetoed: the masks leave that dot, which is
     what the book writes, so steering there derails nothing.
     """
+    return _vetoed_at(raw, masked, int(np.argmax(raw)), threshold, state)
+
+
+def _vetoed_at(raw: np.ndarray, masked: np.ndarray, top: int, threshold: float, state: WordState | None) -> bool:
+    """:func:`vetoed`, given ``top``, the index of ``raw``'s largest (``np.argmax``)."""
     if state is not None and state.shape == _DOT2:
         return False
-    top = int(np.argmax(raw))
     if np.isfinite(masked[top]):
         return False
     z = raw.astype(np.float64, copy=False)
