@@ -6,7 +6,8 @@ Every line decodes exactly ``--tokens`` new tokens (``min_tokens = max_tokens``)
 drawn from a seeded village (24 NPCs with fixed archetype and persona; random state, intent and
 context), the same requests for every peer. Peers run round-robin, one block of ``--lines``
 lines each per repetition, so the machine's noise hits them alike; figures are the median over
-``--reps`` repetitions of each block's p50 / p99.
+``--reps`` repetitions of each block's p50 / p99 (of a line's latency, and for the word constraints
+also of the thread CPU time a line takes, which other processes on a busy machine do not inflate).
 
 Peers (all LineGenerator, same weights):
   int4 sparse      the shipped graph (model.int4.onnx, QMoE: only the routed expert runs), cache on,
@@ -54,6 +55,7 @@ class Peer:
     p50: list[float] = field(default_factory=list)
     p99: list[float] = field(default_factory=list)
     ttft: list[float] = field(default_factory=list)
+    cpu50: list[float] = field(default_factory=list)  # p50 of a line's thread CPU time (ms): immune to other processes
     fallbacks: int = 0
     resampled: int = 0  # lines that took more than one sample (a dead end, a repeat)
 
@@ -86,9 +88,11 @@ def requests(gen: LineGenerator, npcs: list[dict], n: int, tokens: int, seed: in
 
 
 def run_block(peer: Peer, reqs: list[LineRequest]) -> None:
-    lat, ttft = [], []
+    lat, ttft, cpu = [], [], []
     for r in reqs:
+        t = time.thread_time()
         line = peer.gen.generate_request(r)
+        cpu.append((time.thread_time() - t) * 1e3)
         lat.append(line.latency_ms)
         if line.ttft_ms is not None:
             ttft.append(line.ttft_ms)
@@ -96,6 +100,7 @@ def run_block(peer: Peer, reqs: list[LineRequest]) -> None:
         peer.resampled += line.attempts > 1
     peer.p50.append(float(np.percentile(lat, 50)))
     peer.p99.append(float(np.percentile(lat, 99)))
+    peer.cpu50.append(float(np.percentile(cpu, 50)))
     peer.ttft.append(float(np.percentile(ttft, 50)) if ttft else float("nan"))
 
 
@@ -351,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
           f"line); p99 {med(ref.p99):.2f} vs {med(plain_peer.p99):.2f} ms; fallbacks {ref.fallbacks} vs "
           f"{plain_peer.fallbacks}; lines resampled {ref.resampled} vs {plain_peer.resampled} "
           f"(of {args.reps * args.lines})")
+    cpu_ratio = med(ref.cpu50) / med(plain_peer.cpu50)
+    print(f"word constraints, thread CPU time per line (the machine's other load left out): p50 {med(ref.cpu50):.2f} "
+          f"ms with vs {med(plain_peer.cpu50):.2f} ms without ({cpu_ratio:.3f}x)")
     loose_peer = next(p for p in peers if p.name == "no text rules")
     print(f"text rules: p50 {med(ref.p50):.2f} ms with vs {med(loose_peer.p50):.2f} ms without "
           f"({med(ref.p50) / med(loose_peer.p50):.3f}x); fallbacks {ref.fallbacks} vs {loose_peer.fallbacks}; "
@@ -380,8 +388,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({
             "peers": {p.name: {"p50_ms": med(p.p50), "p99_ms": med(p.p99), "ttft_p50_ms": med(p.ttft),
+                               "cpu_p50_ms": med(p.cpu50),
                                "fallbacks": p.fallbacks, "resampled": p.resampled} for p in peers},
             "word_constraints_ratio": med(ref.p50) / med(plain_peer.p50),
+            "word_constraints_cpu_ratio": cpu_ratio,
             "text_rules_ratio": med(ref.p50) / med(loose_peer.p50),
             "voice_bonus_ratio": med(ref.p50) / med(mute_peer.p50),
             "bigrams_ratio": bigram_ratio,

@@ -290,6 +290,8 @@ class BigramMask:
         self._start_block = [self._fail(self._tail_reset, self._starts, last) for last in (False, True)]
         self._tail_ranges = [self._ranges(self._tail_node[self._with_tail], self._tail_pending[self._with_tail], last)
                              for last in (False, True)]
+        # and per id, the word-starting tokens whose ranges hold it (for the few ids after most words)
+        self._tail_holders = [self._holders(r, table.size) for r in self._tail_ranges]
         self._slot_ranges = self._ranges(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), True,
                                          words=self._slot[self._slots])
         self._empty = np.zeros(0, dtype=np.int64)
@@ -362,6 +364,34 @@ class BigramMask:
         return np.stack([lo1, hi1, lo2, hi2], axis=1), np.ones(len(nodes), dtype=bool)
 
     @staticmethod
+    def _holders(ranges: tuple[np.ndarray, np.ndarray], size: int) -> tuple[np.ndarray, np.ndarray]:
+        """The inverse of :meth:`_ranges`' table: (positions, starts) such that
+        ``positions[starts[i]:starts[i + 1]]`` are the words (positions in the table) that can
+        miss and have id ``i`` in one of their ranges."""
+        bounds, can = ranges
+        lo = bounds[:, [0, 2]].ravel()
+        n = np.where(np.repeat(can, 2), np.maximum(bounds[:, [1, 3]].ravel() - lo, 0), 0)
+        pos = np.repeat(np.arange(len(can)).repeat(2), n)
+        at = np.repeat(lo - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))  # each range's ids in turn
+        keep = (at >= 0) & (at < size)
+        at, pos = at[keep], pos[keep]
+        order = np.argsort(at, kind="stable")
+        starts = np.concatenate([[0], np.cumsum(np.bincount(at, minlength=size))])
+        return pos[order], starts
+
+    def _missed_few(self, ids: np.ndarray | None, ranges: tuple[np.ndarray, np.ndarray],
+                    holders: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        """:meth:`_missed`; with few ``ids``, from their ``holders`` (:meth:`_holders` of ``ranges``):
+        a word misses unless some id's holders name it."""
+        if ids is None or len(ids) > 64:
+            return self._missed(ids, ranges)
+        pos, starts = holders
+        miss = ranges[1].copy()
+        for i in ids.tolist():
+            miss[pos[starts[i]:starts[i + 1]]] = False
+        return miss
+
+    @staticmethod
     def _missed(ids: np.ndarray | None, ranges: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
         """Per word of ``ranges`` (:meth:`_ranges`): whether sorted ``ids`` (None: every id) has
         no element in either of its ranges (and it can miss): :meth:`_misses`, in one search."""
@@ -412,7 +442,8 @@ class BigramMask:
     def _at_boundary(self, prev: int, last: bool) -> list[np.ndarray]:
         """The simple tokens blocked at a word boundary after ``prev``."""
         ids = self._set(prev)
-        parts = [self._start_block[last], self._with_tail[self._missed(ids, self._tail_ranges[last])]]
+        miss = self._missed_few(ids, self._tail_ranges[last], self._tail_holders[last])
+        parts = [self._start_block[last], self._with_tail[miss]]
         if ids is not None and len(self._slots):
             parts.append(self._slots[self._missed(ids, self._slot_ranges)])
         if ids is not None and not len(ids) and not last:
