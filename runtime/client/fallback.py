@@ -1,9 +1,39 @@
 """Authored fallback lines: what an NPC says when the model cannot answer in time or at all.
 
 The lines come from the line book (``fallbacks:`` section, expanded per archetype by
-:meth:`runtime.factory.linebook.LineBook.fallback_lines`), shipped beside a model as
-``fallbacks.json`` (``{archetype: {state: [lines]}}``). :meth:`FallbackBook.pick` returns a
-line that fits the archetype and state and is never the same line twice in a row for one NPC.
+:meth:`runtime.factory.linebook.LineBook.fallback_cells`) and ship beside a model as
+``fallbacks.json``. Each *cell* is keyed by (archetype, state, intent), where the intent is one
+of the catalog's intents (the player's move) or :data:`ANY_INTENT` for lines that answer any
+move.
+
+**Which cell answers** (:meth:`FallbackBook.candidates`), first non-empty of:
+
+1. (archetype, state, intent): lines written for that move, so a farewell gets a farewell and a
+   rumour question a "no news" answer;
+2. (archetype, state, ``any``): the state's intent-neutral lines (also what an old-format file
+   holds, and what a caller that does not say the intent gets);
+3. :data:`GENERIC` ("...", "Hm."), which fit any archetype, state, move and context.
+
+There is no step to another state's lines or another archetype's: a fallback never says a thing
+the NPC's state or voice contradicts. The line book resolves its own layers into these cells
+before export (an archetype's own lines for the move, then the state's lines for the move in the
+archetype's voice, then the archetype's own intent-neutral lines, then the state's;
+docs/linebook.md, "fallbacks"), so a shipped file has a cell for every (archetype, state,
+intent) the book writes. Fallback lines are served as written: no slots, and nothing that
+asserts a context value (time of day, weather, ...), since a fallback may be served under any.
+
+**File format** (``fallbacks.json``), version 2::
+
+    {"version": 2,
+     "lines": {"guard": {"alert": {"any": ["Keep your distance, citizen!", ...],
+                                   "farewell": ["Go, then, and stay gone.", ...], ...}, ...}, ...}}
+
+Version 1, the format before intents, is ``{archetype: {state: [lines]}}`` and still reads (its
+lines become the ``any`` cells); fine-tunes and bundles in the field carry it. A malformed file
+raises ValueError naming the file and the key.
+
+:meth:`FallbackBook.pick` draws a line of the answering cell with the caller's seeded
+generator, never the same line twice in a row for one NPC when the cell has another.
 """
 
 from __future__ import annotations
@@ -13,63 +43,127 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from runtime.paths import DEFAULT_MODEL_DIR
 
-GENERIC = ("...", "Hm.", "Not now.")
+GENERIC = ("...", "Hm.")
+"""The last resort: lines that fit every archetype, state, intent and context."""
+
+ANY_INTENT = "any"
+"""The intent key of a cell whose lines answer any move (no catalog intent may be called this)."""
+
+FORMAT_VERSION = 2
+"""The ``fallbacks.json`` version :meth:`FallbackBook.to_doc` writes; 1 (no ``version`` key:
+``{archetype: {state: [lines]}}``) and 2 read."""
+
+Cell = tuple[str, str, str]
 
 
 class FallbackBook:
-    """Fallback lines per (archetype, state). Thread-safe."""
+    """Fallback lines per (archetype, state, intent) cell, picked in the order the module
+    describes. Thread-safe.
 
-    def __init__(self, lines: Mapping[tuple[str, str], Sequence[str]], *, max_npcs: int = 10_000) -> None:
-        self.lines: dict[tuple[str, str], tuple[str, ...]] = {
-            k: tuple(v) for k, v in lines.items() if len(v) > 0
-        }
-        self._by_arch: dict[str, list[str]] = {}
-        for (arch, _state), texts in self.lines.items():
-            bucket = self._by_arch.setdefault(arch, [])
-            bucket.extend(t for t in texts if t not in bucket)
+    ``lines`` maps cells to lines; a key of two parts, (archetype, state), is the
+    (archetype, state, :data:`ANY_INTENT`) cell (what a version-1 table gives). Empty cells are
+    dropped. ``max_npcs``: how many NPCs' last fallback are remembered (oldest forgotten first).
+    """
+
+    def __init__(self, lines: Mapping[tuple[str, str] | tuple[str, str, str], Sequence[str]], *,
+                 max_npcs: int = 10_000) -> None:
+        self.lines: dict[Cell, tuple[str, ...]] = {}
+        for key, texts in lines.items():
+            cell: Cell = (key[0], key[1], key[2] if len(key) == 3 else ANY_INTENT)  # type: ignore[misc]
+            if len(texts) > 0:
+                self.lines[cell] = tuple(texts)
         self._last: OrderedDict[object, str] = OrderedDict()
         self._max_npcs = max_npcs
         self._lock = threading.Lock()
 
     @classmethod
     def from_json(cls, path: str | Path) -> FallbackBook:
-        """Read ``fallbacks.json`` ({archetype: {state: [lines]}}); errors name the file."""
+        """Read a ``fallbacks.json`` (version 1 or 2); errors name the file and the key."""
         path = Path(path)
         try:
-            table = json.loads(path.read_text(encoding="utf-8"))
+            doc = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise ValueError(f"{path}: cannot read fallback lines ({exc})") from exc
+        return cls.from_doc(doc, source=str(path))
+
+    @classmethod
+    def from_doc(cls, doc: Any, *, source: str = "fallbacks.json") -> FallbackBook:
+        """The book a parsed ``fallbacks.json`` document describes (version 1 or 2). ValueError,
+        starting with ``source`` and naming the key, for anything else."""
+        if not isinstance(doc, dict):
+            raise ValueError(f"{source}: expected an object ({{\"version\": 2, \"lines\": ...}} "
+                             f"or {{archetype: {{state: [lines]}}}})")
+        version = doc.get("version")
+        if isinstance(version, bool) or not isinstance(version, int):
+            return cls(_read_v1(doc, source))
+        if version != FORMAT_VERSION:
+            raise ValueError(f"{source}: version: {version} is not a fallbacks.json version this engine "
+                             f"reads (1, {FORMAT_VERSION})")
+        extra = sorted(set(doc) - {"version", "lines"})
+        if extra:
+            raise ValueError(f"{source}: {extra[0]}: unknown key; known: version, lines")
+        table = doc.get("lines")
         if not isinstance(table, dict):
-            raise ValueError(f"{path}: expected an object {{archetype: {{state: [lines]}}}}")
-        lines: dict[tuple[str, str], list[str]] = {}
+            raise ValueError(f"{source}: lines: expected an object {{archetype: {{state: {{intent: [lines]}}}}}}")
+        lines: dict[Cell, list[str]] = {}
         for arch, states in table.items():
             if not isinstance(states, dict):
-                raise ValueError(f"{path}: {arch!r} must map states to lists of lines")
-            for state, texts in states.items():
-                if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-                    raise ValueError(f"{path}: {arch}.{state} must be a list of strings")
-                lines[(arch, state)] = texts
+                raise ValueError(f"{source}: lines.{arch} must map states to intents")
+            for state, intents in states.items():
+                if not isinstance(intents, dict):
+                    raise ValueError(f"{source}: lines.{arch}.{state} must map intents "
+                                     f"(or {ANY_INTENT!r}) to lists of lines")
+                for intent, texts in intents.items():
+                    lines[(arch, state, intent)] = _strings(texts, source, f"lines.{arch}.{state}.{intent}")
         return cls(lines)
 
     @classmethod
     def shipped(cls) -> FallbackBook:
         """The shipped model's ``fallbacks.json`` (the default line book's fallbacks, expanded at
         export): for a model directory that holds none. The line book itself is the model
-        factory's (``FallbackBook(load_line_book(path).fallback_lines())``)."""
+        factory's (``FallbackBook(load_line_book(path).fallback_cells())``)."""
         return cls.from_json(DEFAULT_MODEL_DIR / "fallbacks.json")
 
-    def candidates(self, archetype: str, state: str) -> tuple[str, ...]:
-        """Lines for (archetype, state); else any line of the archetype; else generic ones."""
-        return self.lines.get((archetype, state)) or tuple(self._by_arch.get(archetype, ())) or GENERIC
+    def to_doc(self) -> dict[str, Any]:
+        """The version-2 ``fallbacks.json`` document of these cells (archetypes, states and intents
+        in the order first seen, ``any`` first within a state)."""
+        table: dict[str, dict[str, dict[str, list[str]]]] = {}
+        for (arch, state, intent), texts in sorted(self.lines.items(), key=lambda kv: kv[0][2] != ANY_INTENT):
+            table.setdefault(arch, {}).setdefault(state, {})[intent] = list(texts)
+        return {"version": FORMAT_VERSION, "lines": table}
 
-    def pick(self, archetype: str, state: str, npc_key: object, rng: np.random.Generator) -> str:
-        """A fitting line, different from the last fallback this NPC (``npc_key``) said if possible."""
-        options = self.candidates(archetype, state)
+    def replaced(self, lines: Mapping[tuple[str, str] | tuple[str, str, str], Sequence[str]]) -> FallbackBook:
+        """A new book with ``lines``'s cells written over these; a two-part key (archetype, state)
+        replaces the whole (archetype, state): its ``any`` cell and every intent cell."""
+        out = dict(self.lines)
+        for key in lines:
+            if len(key) == 2:
+                out = {c: t for c, t in out.items() if c[:2] != key}
+        out.update({(k[0], k[1], k[2] if len(k) == 3 else ANY_INTENT): tuple(v)  # type: ignore[misc]
+                    for k, v in lines.items()})
+        return FallbackBook(out, max_npcs=self._max_npcs)
+
+    def candidates(self, archetype: str, state: str, intent: str | None = None) -> tuple[str, ...]:
+        """The lines that answer ``intent`` (None: unknown) from ``archetype`` in ``state``: the
+        first non-empty of the (archetype, state, intent) cell, the (archetype, state, any) cell
+        and :data:`GENERIC`."""
+        if intent is not None:
+            own = self.lines.get((archetype, state, intent))
+            if own:
+                return own
+        return self.lines.get((archetype, state, ANY_INTENT)) or GENERIC
+
+    def pick(self, archetype: str, state: str, npc_key: object, rng: np.random.Generator,
+             intent: str | None = None) -> str:
+        """A line of :meth:`candidates` drawn with ``rng``, different from the last fallback this
+        NPC (``npc_key``) said when the cell holds another."""
+        options = self.candidates(archetype, state, intent)
         with self._lock:
             last = self._last.get(npc_key)
             pool = [t for t in options if t != last] or list(options)
@@ -81,4 +175,21 @@ class FallbackBook:
         return text
 
 
-__all__ = ["FallbackBook"]
+def _strings(texts: Any, source: str, key: str) -> list[str]:
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        raise ValueError(f"{source}: {key} must be a list of strings")
+    return texts
+
+
+def _read_v1(doc: dict[str, Any], source: str) -> dict[Cell, list[str]]:
+    """A version-1 table, ``{archetype: {state: [lines]}}``: its lines are the ``any`` cells."""
+    lines: dict[Cell, list[str]] = {}
+    for arch, states in doc.items():
+        if not isinstance(states, dict):
+            raise ValueError(f"{source}: {arch!r} must map states to lists of lines")
+        for state, texts in states.items():
+            lines[(arch, state, ANY_INTENT)] = _strings(texts, source, f"{arch}.{state}")
+    return lines
+
+
+__all__ = ["ANY_INTENT", "FORMAT_VERSION", "GENERIC", "FallbackBook"]

@@ -3,7 +3,8 @@
 It runs the exported Flash model with onnxruntime on the player's CPU (one quiet intra-op
 thread by default, see :func:`runtime.client.onnx_model.session_options`) and always returns a
 :class:`Line` on time: when the model misses the deadline, fails, or says something unusable
-or repeated, an authored fallback line from the line book is returned instead, marked
+or repeated, an authored fallback line from the line book is returned instead, one written for
+the NPC's archetype and state and the player's intent (:mod:`runtime.client.fallback`), marked
 ``fallback=True``. A valid request never gets silence or an exception.
 
 Per request::
@@ -766,9 +767,10 @@ class LineGenerator:
                     "cancelled", "fallback", "", prep.seed, 1)
 
     def _fallback(self, prep: _Prepared, reason: str, row: _Row | None = None) -> Line:
-        """An authored line for the request, recorded in the metrics."""
+        """An authored line for the request (its archetype, state and intent:
+        :meth:`FallbackBook.pick`), recorded in the metrics."""
         rng = np.random.default_rng([prep.seed, 7919])
-        text = self.fallbacks.pick(prep.req.npc, prep.req.state, prep.memory_key, rng)
+        text = self.fallbacks.pick(prep.req.npc, prep.req.state, prep.memory_key, rng, intent=prep.req.intent)
         line = Line(text, (), self._ms(prep.t0),
                     None if row is None or row.ttft is None else (row.ttft - prep.t0) * 1e3,
                     bool(row is not None and row.hit), True, self.active_params_pct, None, reason,

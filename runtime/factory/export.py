@@ -580,13 +580,14 @@ def export_checkpoint(model_dir: str | Path, out_dir: str | Path, *, accuracy_le
 
 
 def write_fallbacks(path: Path) -> None:
-    """fallbacks.json: {archetype: {state: [lines]}} from the default line book."""
+    """fallbacks.json (version 2, :mod:`runtime.client.fallback`): the default line book's
+    fallback cells, {"version": 2, "lines": {archetype: {state: {intent or "any": [lines]}}}}
+    (compact, as constraints.json)."""
+    from runtime.client.fallback import FallbackBook
     from runtime.factory.linebook import load_line_book
 
-    table: dict[str, dict[str, list[str]]] = {}
-    for (arch, state), lines in sorted(load_line_book().fallback_lines().items()):
-        table.setdefault(arch, {})[state] = list(lines)
-    path.write_text(json.dumps(table, indent=2, ensure_ascii=False) + "\n")
+    doc = FallbackBook(load_line_book().fallback_cells()).to_doc()
+    path.write_text(json.dumps(doc, ensure_ascii=False, separators=(",", ":")) + "\n")
 
 
 VOICE_BONUS: dict[str, float] = {"archetype": 3.0, "persona": 8.0, "context": 6.0, "unasked": 2.0, "within": 5.0}

@@ -546,7 +546,7 @@ class Base:
     tokenizer: Tokenizer
     catalog: dict[str, Any]
     constraints: dict[str, Any]
-    fallbacks: dict[str, dict[str, list[str]]]
+    fallbacks: dict[str, Any]  # the parsed fallbacks.json, version 1 or 2 (runtime.client.fallback)
     path: Path
 
 
@@ -925,7 +925,11 @@ def finetune(base_path: str | Path | None, lines_path: str | Path, out_dir: str 
     report["signatures_dropped"] = cons.pop("signatures_dropped")
     report["signatures_added"] = cons.pop("signatures_added")
     (out / "constraints.json").write_text(json.dumps(cons, ensure_ascii=False, separators=(",", ":")) + "\n")
-    fallbacks = extend_fallbacks(base.fallbacks, lines)
+    from runtime.client.fallback import FallbackBook  # the base's file may be version 1 or 2
+
+    studio = extend_fallbacks({}, lines)  # a studio pair replaces the base's (archetype, state), every intent
+    fallbacks = FallbackBook.from_doc(base.fallbacks, source=f"--base {base.path} fallbacks.json").replaced(
+        {(a, s): v for a, states in studio.items() for s, v in states.items()}).to_doc()
     (out / "fallbacks.json").write_text(json.dumps(fallbacks, indent=2, ensure_ascii=False) + "\n")
     with (out / "studio_lines.jsonl").open("w", encoding="utf-8") as f:
         for line in lines:

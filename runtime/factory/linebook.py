@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from runtime.client.fallback import ANY_INTENT
 from runtime.factory.text_metrics import glitches
 from runtime.paths import DEFAULT_LINE_BOOK_DIR
 
@@ -43,6 +44,9 @@ DEFAULT_PATH = DEFAULT_LINE_BOOK_DIR
 # group names with built-in meaning; every other [group] is an archetype voice group
 BUILTIN_GROUPS = ("lead", "coda", "reply", "mood", "ctx", "tag", "own")
 TONES = ("calm", "urgent")
+FALLBACK_MAX_WORDS = 12
+"""The most words a fallback line should say (:meth:`LineBook.lint` lists longer ones): it
+stands in for a line the model missed, so it is short."""
 _SLOT_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _WORD_RE = re.compile(r"[A-Za-z']+")
@@ -778,31 +782,50 @@ class LineBook:
                 if (arch, state) in self.heldout_pairs:
                     raise rd.fail(item, f, "duplicate held-out pair")
                 self.heldout_pairs.append((arch, state))
-        # fallbacks: state -> templates (voice groups allowed), or archetype -> state -> lines
-        self._fallbacks: dict[str, list[_Source]] = {}
-        self._fallback_overrides: dict[tuple[str, str], list[_Source]] = {}
+        # fallbacks: state -> cell, or archetype -> state -> cell; a cell is a list of
+        # templates (voice groups allowed; the state's intent-neutral lines) or a mapping of
+        # ``any`` and intents to lists (FallbackBook's cells; docs/linebook.md, "fallbacks")
+        # keys: (archetype or None for every archetype, state, intent or ANY_INTENT)
+        self._fallbacks: dict[tuple[str | None, str, str], list[_Source]] = {}
+        if ANY_INTENT in self.intents:
+            raise LineBookError(self._first_file, 1, f"intents.{ANY_INTENT}",
+                                f"{ANY_INTENT!r} is the fallbacks' key for lines that answer any intent")
         for rd, name, key, value in self._entries(raw, "fallbacks"):
             f = f"fallbacks.{name}"
             if name in self.states:
-                srcs = self._templates(rd, value, f)
-                self._check_slots(srcs, self._state_slots[name])
-                self._fallbacks[name] = srcs
+                self._fallback_cell(rd, value, f, None, name)
             elif name in self.archetypes:
                 for state, skey, snode in rd.mapping(value, f):
                     if state not in self.states:
                         raise rd.fail(skey, f"{f}.{state}", _unknown("state", state, self.states))
-                    srcs = self._templates(rd, snode, f"{f}.{state}")
-                    self._check_slots(srcs, self._state_slots[state] | self._arch_slots[name])
-                    self._fallback_overrides[(name, state)] = srcs
+                    self._fallback_cell(rd, snode, f"{f}.{state}", name, state)
             else:
                 raise rd.fail(
                     key, f, _unknown("state or archetype", name, self.states + self.archetypes)
                 )
         for state in self.states:
-            if state not in self._fallbacks:
+            if (None, state, ANY_INTENT) not in self._fallbacks:
                 raise LineBookError(
-                    self._first_file, 1, f"fallbacks.{state}", "no fallback lines for this state"
+                    self._first_file, 1, f"fallbacks.{state}",
+                    f"no fallback lines for this state (a list, or {ANY_INTENT!r} lines: what any intent gets)"
                 )
+
+    def _fallback_cell(self, rd: _Reader, node: yaml.Node, field: str, arch: str | None, state: str) -> None:
+        """One state's fallbacks (``arch`` None: every archetype's): a list of intent-neutral
+        templates, or a mapping of ``any`` and intents to lists. No slots: a fallback is served
+        as written."""
+        cells = ([(ANY_INTENT, node, field)] if not isinstance(node, yaml.MappingNode)
+                 else [(k, v, f"{field}.{k}") for k, _kn, v in rd.mapping(node, field)])
+        for intent, value, f in cells:
+            if intent != ANY_INTENT and intent not in self.intents:
+                raise rd.fail(value, f, _unknown("intent", intent, [ANY_INTENT, *self.intents]))
+            srcs = self._templates(rd, value, f)
+            for src in srcs:
+                if src.slots:
+                    raise src.where.error(
+                        f"slot {{{sorted(src.slots)[0]}}} in a fallback: fallback lines are served as "
+                        "written (no slot is filled), so they name no slot")
+            self._fallbacks[(arch, state, intent)] = srcs
 
     def _check_references(self) -> None:
         voice_groups = {g for v in self._voice.values() for g in v}
@@ -908,23 +931,71 @@ class LineBook:
         return Split(train, val, test, heldout, list(self.heldout_pairs))
 
     def fallback_lines(self) -> dict[tuple[str, str], list[str]]:
-        """Authored short lines per (archetype, state), for when the model misses its deadline.
-
-        Archetype-specific fallbacks are used where written; otherwise the state's fallback
-        templates are expanded with the archetype's voice (every alternative, in order).
-        """
+        """Every authored fallback line per (archetype, state): the lines of all its
+        :meth:`fallback_cells`, the ``any`` cell's first, then each intent's in catalog order
+        (what the vocabulary and the word bigrams count as said)."""
         out: dict[tuple[str, str], list[str]] = {}
+        for (arch, state, _intent), lines in self.fallback_cells().items():
+            bucket = out.setdefault((arch, state), [])
+            bucket.extend(t for t in lines if t not in bucket)
+        return out
+
+    def fallback_cells(self) -> dict[tuple[str, str, str], list[str]]:
+        """The fallback lines :class:`runtime.client.fallback.FallbackBook` picks from, per
+        (archetype, state, intent) cell, intent ``any`` for lines that answer any move.
+
+        Every (archetype, state) has an ``any`` cell: the archetype's own intent-neutral lines
+        for the state if written, else the state's. An intent's cell, the first written of: the
+        archetype's own lines for (state, intent), the state's lines for the intent; a cell
+        neither writes is left out, so the engine answers that intent with the ``any`` cell.
+        Templates are expanded with the archetype's voice (up to three expansions each, first
+        alternatives first). Order: archetypes, states, then ``any`` and the intents, as the
+        catalog lists them.
+        """
+        out: dict[tuple[str, str, str], list[str]] = {}
         for arch in self.archetypes:
             for state in self.states:
-                srcs = self._fallback_overrides.get((arch, state)) or self._fallbacks[state]
-                lines: list[str] = []
-                for src in srcs:
-                    for text in self._enumerate(src.template, arch, limit=3):
-                        line = _normalize("".join(text))
-                        if line not in lines:
-                            lines.append(line)
-                out[(arch, state)] = lines
+                for intent in (ANY_INTENT, *self.intents):
+                    srcs = self._fallbacks.get((arch, state, intent)) or self._fallbacks.get((None, state, intent))
+                    if srcs:
+                        out[(arch, state, intent)] = [line for line, _src in self._fallback_texts(srcs, arch)]
         return out
+
+    def _fallback_texts(self, srcs: list[_Source], arch: str) -> list[tuple[str, _Source]]:
+        """Each template's expansions in ``arch``'s voice (up to three each), deduplicated."""
+        lines: dict[str, _Source] = {}
+        for src in srcs:
+            for text in self._enumerate(src.template, arch, limit=3):
+                lines.setdefault(_normalize("".join(text)), src)
+        return list(lines.items())
+
+    def _fallback_lint(self) -> list[LintProblem]:
+        """What a writer should fix in the fallbacks: an expanded line that reads as an artifact
+        (:func:`lint_line`) or is over :data:`FALLBACK_MAX_WORDS` words, and a (state, intent)
+        no fallback answers (the state's ``any`` lines would)."""
+        problems: list[LintProblem] = []
+        for arch in self.archetypes:
+            for state in self.states:
+                for intent in (ANY_INTENT, *self.intents):
+                    srcs = self._fallbacks.get((arch, state, intent)) or self._fallbacks.get((None, state, intent))
+                    for text, src in self._fallback_texts(srcs or [], arch):
+                        where = (f"{src.where.file}:{src.where.line}",)
+                        problem = lint_line(text)
+                        if problem is None and len(text.split()) > FALLBACK_MAX_WORDS:
+                            problem = f"a fallback over {FALLBACK_MAX_WORDS} words"
+                        if problem is not None:
+                            problems.append(LintProblem(text, problem, where))
+        for state in self.states:
+            for intent in self.intents:
+                if (None, state, intent) not in self._fallbacks:
+                    missing = [a for a in self.archetypes if (a, state, intent) not in self._fallbacks]
+                    if missing:
+                        src = self._fallbacks[(None, state, ANY_INTENT)][0]
+                        problems.append(LintProblem(
+                            f"fallbacks.{state}.{intent}",
+                            f"no fallback for this intent ({', '.join(missing)}): the state's any lines answer it",
+                            (f"{src.where.file}:{src.where.line}",)))
+        return problems
 
     # -------------------------------------------------------------- expansion
 
@@ -964,9 +1035,11 @@ class LineBook:
 
     def lint(self) -> list[LintProblem]:
         """Lines the expansion drew and dropped as template artifacts (:func:`lint_line`, or the
-        player named twice), each with the fragments it was made of: what a writer should fix."""
+        player named twice), each with the fragments it was made of, then the fallbacks'
+        problems (an artifact, a line over :data:`FALLBACK_MAX_WORDS` words, an intent of a state
+        no fallback answers): what a writer should fix."""
         self.examples()
-        return list(self._lint_log)
+        return list(self._lint_log) + self._fallback_lint()
 
     def _expand_all(self) -> Iterator[Example]:
         self._lint_log: list[LintProblem] = []
@@ -1087,9 +1160,8 @@ class LineBook:
 
     def _general_sources(self) -> list[_Source]:
         """Fragments that belong to no archetype, trait or context value."""
-        srcs = [s for group in (self._leads, self._codas, self._replies, self._phrases,
+        return [s for group in (self._leads, self._codas, self._replies, self._phrases,
                                 self._fallbacks) for v in group.values() for s in v]
-        return srcs + [s for v in self._fallback_overrides.values() for s in v]
 
     @staticmethod
     def _ngrams(texts: Sequence[str], n_max: int = 3) -> set[tuple[str, ...]]:

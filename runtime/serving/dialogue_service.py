@@ -40,7 +40,8 @@ What it guarantees:
 - **Lines as the client engine makes them**: the same masks (banned words, slot rules), the same
   checks (no words, a guessing model's low mean log-probability, repeats of the NPC's recent
   lines, resampled with a new seed), free-text slots filled after decoding, authored
-  fallbacks from the same :class:`runtime.client.fallback.FallbackBook`.
+  fallbacks from the same :class:`runtime.client.fallback.FallbackBook`, picked for the session's
+  archetype and state and the request's intent (a farewell gets a farewell).
 
 Metrics (Prometheus, own :class:`prometheus_client.CollectorRegistry`, ``model_name`` label):
 those of :class:`runtime.client.metrics.EngineMetrics` (``flashnpc_line_latency_seconds`` is the
@@ -808,7 +809,7 @@ class DialogueService(StartClose):
         if p.handle is not None and reason in ("cancelled", "deadline"):
             self._lanes[p.lane].engine.cancel(p.handle)
         rng = np.random.default_rng([p.seed, 7919])
-        text = self.fallbacks.pick(p.session.npc, p.session.state, p.session.npc_id, rng)
+        text = self.fallbacks.pick(p.session.npc, p.session.state, p.session.npc_id, rng, intent=p.intent)
         latency = (time.perf_counter() - p.t0) * 1e3
         line = DialogueLine(p.session.session_id, text, True, reason, (), latency, None, "fallback", p.seed,
                             p.attempt + (res is not None), 0 if res is None else res.cached_tokens)

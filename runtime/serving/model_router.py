@@ -12,7 +12,8 @@
 
 **Models.** Each name maps to an exported model directory (None: the shipped model) and gets
 its own service: its own engine (weights, tokenizer, word masks, prefix block cache), its own
-authored lines (a fine-tune's ``fallbacks.json`` has its new archetypes), its own breaker,
+authored lines (a fine-tune's ``fallbacks.json`` has its new archetypes; a line for the
+request's intent, :class:`runtime.client.fallback.FallbackBook`), its own breaker,
 queue and deadlines. What is shared: the settings every service is loaded with, one session
 id space, one ``/metrics`` page and one health report. A fine-tune's adapters are merged into
 its weights (``flashnpc finetune``), so two models share no tensors.

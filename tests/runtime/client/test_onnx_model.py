@@ -127,8 +127,8 @@ def test_exported_directory_loads_and_generates_lines_reproducibly(tmp_path):
     export_checkpoint(ckpt, tmp_path / "flash")
 
     fallbacks = json.loads((tmp_path / "flash" / "fallbacks.json").read_text())
-    (arch, state), lines = next(iter(book.fallback_lines().items()))
-    assert fallbacks[arch][state] == list(lines)
+    (arch, state, intent), lines = next(iter(book.fallback_cells().items()))
+    assert fallbacks["lines"][arch][state][intent] == list(lines)
 
     m = FlashOnnx.load(tmp_path / "flash")
     assert m.catalog == catalog and m.tokenizer.vocab_size == tok.vocab_size

@@ -236,7 +236,7 @@ def test_the_finetune_is_a_model_directory_the_engine_and_eval_load(tuned):
     assert "high water" in cons["signatures"]["context:tide=high"]
     assert report["signatures_added"]["context:tide=low"] == cons["signatures"]["context:tide=low"]
     fallbacks = json.loads((out / "fallbacks.json").read_text())
-    assert fallbacks["smuggler"]["friendly"] == ["Keep your voice down and your purse open."]
+    assert fallbacks["lines"]["smuggler"]["friendly"] == {"any": ["Keep your voice down and your purse open."]}
     gen = LineGenerator.load(out)
     try:
         assert "quartermaster" in gen.catalog()["archetypes"]
