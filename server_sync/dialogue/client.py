@@ -312,7 +312,7 @@ class DialogueClient:
         link = self._link
         left_ms = int(deadline_ms - 1000.0 * (time.perf_counter() - t0))
         if self.refused is not None or session.sid is None or link is None or left_ms < 1:
-            return self._fallback(session, "refused" if self.refused else "no_worker", t0, None)
+            return self._fallback(session, "refused" if self.refused else "no_worker", t0, None, intent)
         msg: dict[str, Any] = {"t": "request_line", "rid": 0, "session": session.sid,
                                "intent": intent, "deadline_ms": left_ms}
         for k, v in (("context", dict(context) if context else None), ("seed", seed),
@@ -324,7 +324,8 @@ class DialogueClient:
             line = await self._request(link, msg, _Pending("line", self._future(), on_piece=on_piece),
                                        give_up - time.perf_counter())
         except _Lost as lost:
-            return self._fallback(session, "closed" if self._closing else lost.reason, t0, link.worker)
+            return self._fallback(session, "closed" if self._closing else lost.reason, t0, link.worker,
+                                  intent)
         assert isinstance(line, Line)
         return line
 
@@ -402,9 +403,10 @@ class DialogueClient:
         return asyncio.get_running_loop().create_future()
 
     def _fallback(self, session: DialogueSession, reason: str, t0: float,
-                  worker: str | None) -> Line:
+                  worker: str | None, intent: str | None) -> Line:
+        """An authored line that answers ``intent`` in the session's state (FallbackBook's order)."""
         self.client_fallbacks += 1
-        text = self.fallbacks.pick(session.archetype, session.state, session, self._np_rng)
+        text = self.fallbacks.pick(session.archetype, session.state, session, self._np_rng, intent)
         return Line(text, True, reason, 0, 1000.0 * (time.perf_counter() - t0), None, worker)
 
     async def _request(self, link: _Link, msg: dict[str, Any], pending: _Pending,
