@@ -125,6 +125,26 @@ def summary(path: Path) -> dict[str, object]:
             **{a: shares([r for r in rows if r["archetype"] == a]) for a in sorted({r["archetype"] for r in rows})}}
 
 
+def unseen_trigrams(path: Path, model_dir: Path,
+                    book: frozenset[tuple[str, ...]] | None = None) -> dict[str, dict[str, object]]:
+    """For each rating of a rated sheet's model lines: how many hold a word trigram (within one
+    sentence, the player's name read as the slot) that neither the base line book nor the
+    studio's lines of ``model_dir`` say, and those lines. Would a trigram check at decoding
+    catch the garbled lines, and what would it cost the shippable ones? ``book``: the base book's
+    phrases (default :func:`runtime.factory.finetune.book_phrases`, the shipped line book)."""
+    from runtime.factory.finetune import _grams, book_phrases, phrases
+
+    studio = [json.loads(x)["line"] for x in (model_dir / "studio_lines.jsonl").read_text().splitlines()]
+    known = (book_phrases() if book is None else book) | phrases(studio)
+    rows = [r for r in csv.DictReader(path.open(newline="")) if r["fallback"] != "1"]
+    out: dict[str, dict[str, object]] = {}
+    for k in "210":
+        rated = [r["line"] for r in rows if r["rating"].strip() == k]
+        hit = [t for t in rated if any(len(g) == 3 and g not in known for g in _grams(t.replace("Mara", "{player}")))]
+        out[k] = {"lines": len(rated), "with_unseen_trigram": len(hit), "examples": hit}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", type=Path, nargs="?", help="the fine-tuned model directory")
@@ -134,9 +154,15 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=72, help="prompts on the rating sheet")
     parser.add_argument("--seed", type=int, default=0, help="the rating sheet's seed")
     parser.add_argument("--summary", type=Path, help="print the figures of a rated sheet")
+    parser.add_argument("--trigrams", action="store_true",
+                        help="with --summary and the model directory: lines with an unseen word trigram, by rating")
     args = parser.parse_args()
     if args.summary:
         print(json.dumps(summary(args.summary), indent=2))
+        if args.trigrams:
+            if args.model is None:
+                parser.error("--trigrams needs the model directory the sheet was written from")
+            print(json.dumps(unseen_trigrams(args.summary, args.model), indent=2))
         return
     if args.model is None:
         parser.error("the model directory is required (unless --summary)")

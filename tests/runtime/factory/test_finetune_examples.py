@@ -78,3 +78,20 @@ def test_the_rating_sheet_spreads_persona_and_tide_over_every_archetype():
     cells = Counter((a, s) for a, s, *_ in prompts)
     assert set(cells.values()) == {3} and len(cells) == 24
     assert len({i for _, _, i, _, _ in prompts}) == 7
+
+
+def test_unseen_trigrams_flags_a_line_that_joins_two_known_pairs_into_a_new_phrase(tmp_path):
+    demo = load("demo")
+    (tmp_path / "studio_lines.jsonl").write_text("".join(json.dumps({"line": t}) + "\n" for t in (
+        "Douse that lantern, {player}.", "Ask the watch. I'm busy looking for a thief.")))
+    sheet = tmp_path / "sheet.csv"
+    with sheet.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=demo.FIELDS)
+        w.writeheader()
+        for line, rating, fallback in (("Douse that lantern, Mara.", "2", "0"), ("Ask the lantern.", "0", "0"),
+                                       ("Ask the thief.", "2", "0"), ("Ask the thief lantern.", "0", "1")):
+            w.writerow({**dict.fromkeys(demo.FIELDS, ""), "line": line, "rating": rating, "fallback": fallback})
+    out = demo.unseen_trigrams(sheet, tmp_path, book=frozenset({("ask", "the", "thief")}))
+    assert out["2"] == {"lines": 2, "with_unseen_trigram": 0, "examples": []}  # a book phrase is known
+    assert out["0"] == {"lines": 1, "with_unseen_trigram": 1, "examples": ["Ask the lantern."]}  # the fallback not counted
+    assert out["1"]["lines"] == 0
