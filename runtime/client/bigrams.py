@@ -258,7 +258,8 @@ class BigramMask:
             raise ValueError(f"bigrams: {len(table.words)} words, the vocabulary has {n_words}")
         remap[len(table.words):] = n_words + np.arange(len(table.slots))
         self._starts = np.sort(remap[table.starts])
-        self._rows: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * table.size
+        self._empty_ids = np.zeros(0, dtype=np.int64)
+        self._rows: list[np.ndarray] = [self._empty_ids] * table.size
         for i in range(table.size):
             self._rows[remap[i]] = np.sort(remap[table.row(i)])
         # per token, as read whole from a word boundary (a "simple" token: it ends no word inside)
@@ -290,8 +291,13 @@ class BigramMask:
         self._start_block = [self._fail(self._tail_reset, self._starts, last) for last in (False, True)]
         self._tail_ranges = [self._ranges(self._tail_node[self._with_tail], self._tail_pending[self._with_tail], last)
                              for last in (False, True)]
-        # and per id, the word-starting tokens whose ranges hold it (for the few ids after most words)
-        self._tail_holders = [self._holders(r, table.size) for r in self._tail_ranges]
+        # and per word before (every id, then PIECE, then a slot the table lacks), which word-starting
+        # tokens can still become one of its successors: a word boundary's mask is a row of this
+        # (built at load from the inverse of the ranges: [size + 2, len(_with_tail)] bools per ``last``)
+        self._tail_fit = [self._fit_table(r) for r in self._tail_ranges]
+        # per in-word mode: which of those can miss and end the word being spelled at their start
+        self._tail_ends = {m: [can & wc._ends_mask[m][self._with_tail] for _, can in self._tail_ranges]
+                           for m in wc._ends_mask}
         self._slot_ranges = self._ranges(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), True,
                                          words=self._slot[self._slots])
         self._empty = np.zeros(0, dtype=np.int64)
@@ -379,17 +385,28 @@ class BigramMask:
         starts = np.concatenate([[0], np.cumsum(np.bincount(at, minlength=size))])
         return pos[order], starts
 
-    def _missed_few(self, ids: np.ndarray | None, ranges: tuple[np.ndarray, np.ndarray],
-                    holders: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
-        """:meth:`_missed`; with few ``ids``, from their ``holders`` (:meth:`_holders` of ``ranges``):
-        a word misses unless some id's holders name it."""
-        if ids is None or len(ids) > 64:
-            return self._missed(ids, ranges)
-        pos, starts = holders
-        miss = ranges[1].copy()
-        for i in ids.tolist():
-            miss[pos[starts[i]:starts[i + 1]]] = False
-        return miss
+    def _fit_table(self, ranges: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        """Bool [size + 2, len(ranges)]: per word before (the ids, then :data:`PIECE`, then an
+        id outside the table), whether each word of ``ranges`` (:meth:`_ranges`) that can miss
+        has one of that word's successors in its ranges (``~`` of it, and of those that can
+        miss, is :meth:`_missed`). Every (word before, successor, holder) triple at once: the
+        table's bigrams times the holders of each id (:meth:`_holders`)."""
+        size = self.table.size
+        pos, starts = self._holders(ranges, size)
+        rows = [*self._rows, self._starts, self._empty_ids]
+        lens = np.asarray([len(r) for r in rows], dtype=np.int64)
+        ids = np.concatenate(rows)
+        cnt = starts[ids + 1] - starts[ids]
+        before = np.repeat(np.repeat(np.arange(len(rows)), lens), cnt)
+        at = np.repeat(starts[ids] - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))
+        fit = np.zeros((size + 2, len(ranges[1])), dtype=bool)
+        fit[before, pos[at]] = True
+        return fit
+
+    def _row_of(self, prev: int) -> int:
+        """The row of :meth:`_fit_table` for the word before ``prev`` (not :data:`ANY`)."""
+        size = self.table.size
+        return prev if 0 <= prev < size else size if prev == PIECE else size + 1
 
     @staticmethod
     def _missed(ids: np.ndarray | None, ranges: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
@@ -442,11 +459,19 @@ class BigramMask:
     def _at_boundary(self, prev: int, last: bool) -> list[np.ndarray]:
         """The simple tokens blocked at a word boundary after ``prev``."""
         ids = self._set(prev)
-        miss = self._missed_few(ids, self._tail_ranges[last], self._tail_holders[last])
-        parts = [self._start_block[last], self._with_tail[miss]]
-        if ids is not None and len(self._slots):
+        parts = [self._start_block[last]]
+        if ids is not None:
+            can = self._tail_ranges[last][1]
+            parts += [self._with_tail[can & ~self._tail_fit[last][self._row_of(prev)]], *self._others(ids, last)]
+        return parts
+
+    def _others(self, ids: np.ndarray, last: bool) -> list[np.ndarray]:
+        """The slot tokens and the tokens ending on spaces that a word boundary blocks before
+        ``ids`` (:meth:`_at_boundary`'s tokens that start no word)."""
+        parts = []
+        if len(self._slots):
             parts.append(self._slots[self._missed(ids, self._slot_ranges)])
-        if ids is not None and not len(ids) and not last:
+        if not len(ids) and not last:
             parts.append(self._dangling)
         return parts
 
@@ -468,17 +493,29 @@ class BigramMask:
 
     def _ends_after(self, word: int, mode: int, last: bool) -> np.ndarray:
         """The tokens ending a word (in ``mode``) that the bigrams block after that word, ``word``
-        (those that start a word which may not follow it), kept per word."""
+        (those that start a word which may not follow it), kept per word: the word-end tokens
+        of a word boundary's mask after ``word`` (:meth:`_at_boundary`), from its row of the
+        table made at load."""
         key = ("ends", mode, word, last)
         out = self._memo.peek(key)
         if out is None:
-            def make() -> np.ndarray:
-                after = self.blocked(WordState(prev=word), last)
-                hit = after[self.wc._ends_mask[mode][after]]
-                hit.flags.writeable = False
-                return hit
-            out = self._memo.get(key, make)
+            out = self._memo.get(key, lambda: self._make_ends(word, mode, last))
         return out  # type: ignore[no-any-return]
+
+    def _make_ends(self, word: int, mode: int, last: bool) -> np.ndarray:
+        ends = self.wc._ends_mask[mode]
+        if len(self._exact[_BOUNDARY]):  # (tokens read out one by one: the boundary's whole mask)
+            after = self.blocked(WordState(prev=word), last)
+            hit = after[ends[after]]
+        else:
+            parts = [self._with_tail[self._tail_ends[mode][last] & ~self._tail_fit[last][self._row_of(word)]]]
+            parts += [x[ends[x]] for x in self._others(self._set(word), last) if len(x)]  # type: ignore[arg-type]
+            start = self._start_block[last]
+            if len(start):
+                parts.append(start[ends[start]])
+            hit = _joined_ids(parts)
+        hit.flags.writeable = False
+        return hit
 
     # ------------------------------------------------------------ steps and the reference
 
@@ -547,6 +584,11 @@ class BigramMask:
             if not self.wc._always[t]:
                 mask[t] = self._walk(state, t, last, True)[0]
         return mask
+
+
+def _joined_ids(parts: Sequence[np.ndarray]) -> np.ndarray:
+    """``parts`` as one new index array."""
+    return np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
 
 
 def table_of(data: Mapping[str, Any], vocabulary: Iterable[str] | None, slots: Sequence[str]) -> BigramTable | None:

@@ -321,6 +321,8 @@ class _Memo:
         self.size = max(1, size)
         self._d: dict[Hashable, Any] = {}
         self._lock = threading.Lock()
+        self.peek: Callable[[Hashable], Any] = self._d.get
+        """The entry for a key, or None (the dict's own ``get``: no Python frame on the hot path)."""
 
     def get(self, key: Hashable, make: Callable[[], Any]) -> Any:
         """The entry for ``key``, made by ``make()`` and kept if there is none."""
@@ -334,10 +336,6 @@ class _Memo:
             while len(d) > self.size:
                 del d[next(iter(d))]
         return value
-
-    def peek(self, key: Hashable) -> Any:
-        """The entry for ``key``, or None."""
-        return self._d.get(key)
 
     def __len__(self) -> int:
         return len(self._d)
@@ -357,7 +355,8 @@ class WordConstraint:
     ``archetype:NAME``, ``persona:NAME`` and ``context:SLOT=VALUE``; with a vocabulary, phrases
     holding a non-vocabulary word are dropped (no line can say them). ``max_states`` bounds the
     memos: the word parts and the plans of ``2 * max_states`` states each, the whole-read tokens
-    of ``max_states`` requests (a few MB in all at the default; what is kept per phrase state is
+    of ``max_states`` requests, the steps of ``8 * max_states`` (state, token) pairs (a few MB
+    in all at the default; what is kept per phrase state is
     bounded by the phrase automaton). Always blocked too: control tokens other than ``eos`` and
     slot tokens, and tokens holding ASCII control characters or braces.
 
@@ -406,6 +405,7 @@ class WordConstraint:
         self._rules = _Memo(2 * max_states)  # the doubled-word rule's tokens, by (node, mode, echo, last, shape?)
         self._fixed: dict[Hashable, Any] = {}  # per mode: whole-token groups, exact tokens
         self._voices = _Memo(max_states)  # per request: its voice bonus (_Voice), by banned tags
+        self._steps = _Memo(8 * max_states)  # step(): the state after a token, by (state, token)
         self._voice_table: tuple[np.ndarray, np.ndarray, list[tuple[int, str]]] | None = None
         self._bigrams: BigramMask | None = None
         if bigrams is not None:  # (the bigram masks: runtime.client.bigrams)
@@ -1052,7 +1052,15 @@ class WordConstraint:
 
     def step(self, state: WordState, token_id: int) -> WordState:
         """The state after ``token_id`` was emitted (request-independent; :meth:`_step_words`,
-        then with a bigram table its ``prev``: :meth:`runtime.client.bigrams.BigramMask.after`)."""
+        then with a bigram table its ``prev``: :meth:`runtime.client.bigrams.BigramMask.after`),
+        kept per (state, token) in a bounded memo: a step another line took is one dict lookup."""
+        key = (state, token_id)
+        new = self._steps.peek(key)
+        if new is None:
+            new = self._steps.get(key, lambda: self._step_read(state, token_id))
+        return new  # type: ignore[no-any-return]
+
+    def _step_read(self, state: WordState, token_id: int) -> WordState:
         new = self._step_words(state, token_id)
         return new if self._bigrams is None else self._bigrams.after(state, token_id, new)
 
