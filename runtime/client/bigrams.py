@@ -42,6 +42,7 @@ engines handle as every other (veto, redraw, fallback).
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -258,6 +259,7 @@ class BigramMask:
             raise ValueError(f"bigrams: {len(table.words)} words, the vocabulary has {n_words}")
         remap[len(table.words):] = n_words + np.arange(len(table.slots))
         self._starts = np.sort(remap[table.starts])
+        self._starts_list: list[int] = self._starts.tolist()
         self._empty_ids = np.zeros(0, dtype=np.int64)
         self._rows: list[np.ndarray] = [self._empty_ids] * table.size
         for i in range(table.size):
@@ -286,6 +288,7 @@ class BigramMask:
         self._exact = {m: wc._exact[m] for m in wc._exact}
         self._eos = wc.eos_id
         self._memo = _Memo(2 * max_states)
+        self._row_lists: list[list[int] | None] = [None] * table.size
         # the ranges of every entry of the word constraint's walk table (the lead tokens of every state)
         self._walk_ranges = [self._ranges(wc._walk_reached, wc._walk_apos, last) for last in (False, True)]
         self._start_block = [self._fail(self._tail_reset, self._starts, last) for last in (False, True)]
@@ -438,8 +441,35 @@ class BigramMask:
         key = (state[0], state[1], state[5], last)
         out = self._memo.peek(key)
         if out is None:
+            out = self._memo.get(key, lambda: self._shared(state, last))
+        return out  # type: ignore[no-any-return]
+
+    def _shared(self, state: WordState, last: bool) -> np.ndarray:
+        """:meth:`_make`, shared inside a word by every word before with the same successors
+        below the word being spelled: there, what is blocked depends on the word before only
+        through those (every lead reaches a node below, and the word's own id is one of them),
+        so the mask is also kept by (node, mode, those successors, last)."""
+        node, mode, prev = state[0], state[1], state[5]
+        if mode == _BOUNDARY or node < 0 or prev == ANY or len(self._exact[mode]):
+            return self._make(state, last)
+        row = self._row_list(prev)
+        lo, hi = int(self._lo[node]), int(self._hi[node])
+        key = ("below", node, mode, tuple(row[bisect.bisect_left(row, lo):bisect.bisect_left(row, hi)]), last)
+        out = self._memo.peek(key)
+        if out is None:
             out = self._memo.get(key, lambda: self._make(state, last))
         return out  # type: ignore[no-any-return]
+
+    def _row_list(self, prev: int) -> list[int]:
+        """:meth:`_set` of ``prev`` (not :data:`ANY`) as a list, made once per word."""
+        if prev == PIECE:
+            return self._starts_list
+        if not 0 <= prev < len(self._rows):
+            return []
+        out = self._row_lists[prev]
+        if out is None:
+            out = self._row_lists[prev] = self._rows[prev].tolist()
+        return out
 
     def _make(self, state: WordState, last: bool) -> np.ndarray:
         node, mode, prev = state[0], state[1], state[5]
