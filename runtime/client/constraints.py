@@ -381,6 +381,10 @@ class WordConstraint:
         self.tags: tuple[str, ...] = (_VOCAB_TAG, _BANNED_TAG, _FREE_TAG, *sorted(signatures or {}))
         self._tag_bit = {t: 1 << i for i, t in enumerate(self.tags)}
         self._vocab_bit, self._free_bit = self._tag_bit[_VOCAB_TAG], self._tag_bit[_FREE_TAG]
+        # per signature tag: (bit, kind, name: a trait, or a context value's slot), for the voice bonus
+        self._tag_kinds = [(self._tag_bit[t], t.partition(":")[0], t.partition(":")[2].split("=", 1)[0])
+                           for t in self.tags[3:]]
+        self._context_slots = len({name for _, kind, name in self._tag_kinds if kind == "context"})
         phrases: dict[tuple[str, ...], int] = {}
         for w in words:
             parts = _words_of(w)
@@ -1223,6 +1227,8 @@ class WordConstraint:
             table = np.stack(rows) if rows else np.zeros((0, n), dtype=np.float32)
             # in a word, only tokens that start with neither a letter nor an apostrophe end it first
             self._voice_ends = np.asarray([not (t[:1] == "'" or _is_letter(t[:1])) for t in self._texts], dtype=bool)
+            tail = self._tail[0]
+            self._voice_tail, self._voice_open = np.maximum(tail, 0), (tail >= 0) & ~self._always
             self._voice_table = (table, table.sum(0), kinds)
         return self._voice_table
 
@@ -1241,19 +1247,18 @@ class WordConstraint:
             if not bit & ban:
                 phi = phi + (size.get(kind, 0.0) + unasked) * table[r]
         phi = phi.astype(np.float32)
-        tail = self._tail[0]
-        w0 = np.where(tail >= 0, phi[np.maximum(tail, 0)] - phi[0], 0.0).astype(np.float32)
-        w0[self._always] = 0.0
+        # (the tokens that start a word from a boundary and are not always blocked: their tail's phi)
+        w0 = np.where(self._voice_open, phi[self._voice_tail] - phi[0], 0.0).astype(np.float32, copy=False)
         idx = np.flatnonzero(w0)
         ends = self._voice_ends[idx]
-        worth = [(bit, size.get(kind, 0.0)) for bit, kind in
-                 [(self._tag_bit[t], t.split(":", 1)[0]) for t in self.tags[3:]] if not bit & ban]
+        val = w0[idx]
+        end_idx, end_val = idx[ends], val[ends]
+        worth = [(bit, size.get(kind, 0.0)) for bit, kind, _ in self._tag_kinds if not bit & ban]
         live = phi != 0.0
         at_end = np.zeros(self.vocab_size, dtype=np.float32)
-        at_end[idx[ends]] = w0[idx][ends]
+        at_end[end_idx] = end_val
         w0.flags.writeable = at_end.flags.writeable = False
-        return _Voice(phi, idx, w0[idx], idx[ends], w0[idx][ends], [(b, w) for b, w in worth if w], live,
-                      w0, at_end)
+        return _Voice(phi, idx, val, end_idx, end_val, [(b, w) for b, w in worth if w], live, w0, at_end)
 
     def _voice_sizes(self, ban: int) -> dict[str, float]:
         """The worth of a signature word per kind for a request banning ``ban``: ``voice[kind]``,
@@ -1262,12 +1267,10 @@ class WordConstraint:
         so that fewer requested tags, with fewer words to voice them, are voiced about as often."""
         out = dict(self.voice)
         asked: dict[str, set[str]] = {"persona": set(), "context": set()}
-        for tag in self.tags[3:]:
-            kind, _, name = tag.partition(":")
-            if kind in asked and not self._tag_bit[tag] & ban:
-                asked[kind].add(name.split("=", 1)[0])
-        slots = {t.split(":", 1)[1].split("=", 1)[0] for t in self.tags[3:] if t.startswith("context:")}
-        for kind, most in (("persona", 2), ("context", len(slots))):
+        for bit, kind, name in self._tag_kinds:
+            if kind in asked and not bit & ban:
+                asked[kind].add(name)
+        for kind, most in (("persona", 2), ("context", self._context_slots)):
             k = len(asked[kind])
             if kind in out and 0 < k < most:
                 out[kind] += float(np.log(most / k))
