@@ -14,14 +14,11 @@ its pool read as one speaker's line:
 * ``TIDE[archetype][urgent?][value]``: a sentence that says the tide is low or high (only in
   lines whose prompt has that ``tide`` value; lines without ``tide`` never mention the water's
   height, so the fine-tune learns that the tag decides it);
-* ``MOODS[trait][urgent?]``: a short opener that voices a persona trait, one set for calm and
-  warm states and one for alert, combat and flee, each fitting any intent (a third of each
-  cell's count is tagged with a trait, so a trait is heard in every state and intent, with the
-  tide too).
+* ``MOODS[trait]``: a short opener that voices a persona trait, and the intents it suits (lines
+  tagged with that trait, calm and warm states only).
 
 A composed line is *lead + reply*, *reply* alone, *lead* alone (``approach``: the player just
-walked up), *tide + reply*, *lead + tide* (``approach``), *mood + reply* or *mood + tide +
-reply*. Each
+walked up), *tide + reply*, *lead + tide* (``approach``) or *mood + reply*. Each
 (archetype, state, intent) cell draws a fixed number of distinct compositions (seeded), so the
 file is the same on every run. The new archetypes declare where their control token starts
 (``like``): a quartermaster starts as the base merchant, a smuggler as the thief, a harbormaster
@@ -551,40 +548,20 @@ TIDE: dict[str, dict[bool, dict[str, list[str]]]] = {
     },
 }
 
-MOODS: dict[str, dict[bool, list[str]]] = {  # trait -> urgent? -> openers that suit any intent
-    "gruff": {False: ["Hmph.", "Bah.", "What now?", "Make it quick.", "Out with it."],
-              True: ["Bah! Figures.", "Hmph. Of course.", "Typical!", "No time for fools!", "Out with it, fast!"]},
-    "sly": {False: ["Well, well.", "Funny you should ask.", "I know things, friend.", "Now that's interesting.",
-                    "Between you and me, then."],
-            True: ["Well, well. Trouble.", "Keep smiling, friend.", "Quietly now.", "Don't look at them. Look at me.",
-                   "Funny how these things go."]},
-    "weary": {False: ["Oh, my aching back.", "I'm tired to the bone.", "Another long day.", "I've not slept in two days.",
-                      "Give me a moment to sit."],
-              True: ["Not again. Not tonight.", "I'm too old for this!", "Oh, for pity's sake!", "Of all the nights!",
-                     "My legs won't take much more of this!"]},
-    "cheerful": {False: ["Ha!", "What a grand day!", "Ho there!", "Lovely to see you!", "Fine weather for it!"],
-                 True: ["Ha! Lively night!", "Well, this is exciting!", "Ho! Here we go!", "Ha! Never a dull day!",
-                        "Cheer up, it could be worse!"]},
-    "nervous": {False: ["Oh, it's you.", "Don't sneak up on me like that.", "Is someone watching us?",
-                        "You gave me a fright.", "I don't like strangers, and I don't like questions."],
-                True: ["Oh no, oh no.", "I knew this would happen!", "My hands are shaking!", "Please, please, not now!",
-                       "I knew tonight was cursed!"]},
-    "kind": {False: ["Easy now, friend.", "There, there.", "Ah, good to see you.", "Take your time, friend.",
-                     "You look tired. Sit a moment."],
-             True: ["Stay close, friend.", "Easy, I've got you.", "Careful, now.", "Keep behind me, friend.",
-                    "Don't be frightened."]},
-    "greedy": {False: ["Silver first.", "Everything has a price.", "Coin talks.", "Time is money, friend.",
-                       "Nothing's free in this port."],
-               True: ["Not my silver!", "Mind the cargo, it's worth a fortune!", "Somebody grab the purse!",
-                      "Every coin I own is in that hold!", "Save the silver!"]},
-    "proud": {False: ["Best in the port, I am.", "Nobody does it better than me.", "I know my trade.",
-                      "Twenty years on this coast, and never a mistake.", "Ask anyone who I am."],
-              True: ["I've handled worse than this!", "Watch and learn!", "Nobody out-thinks me!",
-                     "I've lived through twenty years of nights like this!", "I'll not be shamed in my own port!"]},
-    "brave": {False: ["I'm not afraid of anyone.", "I've seen worse.", "Nothing frightens me.", "Fear's for landsmen.",
-                      "I've faced storms that would sink you."],
-              True: ["I've seen worse!", "Steady! I've got this!", "Fear is for landsmen!", "Steady, and keep your head!",
-                     "I've faced worse storms than this!"]},
+MOODS: dict[str, tuple[list[str], tuple[str, ...]]] = {  # (openers, the intents they suit); calm and warm lines
+    "gruff": (["Hmph.", "Bah.", "What now?"], ("approach", "greet", "ask_directions", "trade", "farewell")),
+    "sly": (["Well, well.", "I know things, friend.", "Funny you should ask."], ("ask_rumors", "trade", "greet")),
+    "weary": (["Oh, my aching back.", "I'm tired to the bone.", "Another long day."],
+              ("approach", "greet", "ask_directions", "farewell")),
+    "cheerful": (["Ha!", "What a grand day!", "Ho there!"], ("approach", "greet", "ask_directions", "farewell")),
+    "nervous": (["Oh, it's you.", "Don't sneak up on me like that.", "Is someone watching us?"],
+                ("approach", "greet", "ask_rumors")),
+    "kind": (["Easy now, friend.", "There, there.", "Ah, good to see you."],
+             ("approach", "greet", "ask_directions", "trade", "farewell")),
+    "greedy": (["Silver first.", "Everything has a price.", "Coin talks."], ("trade",)),
+    "proud": (["Best in the port, I am.", "Nobody does it better than me.", "I know my trade."],
+              ("approach", "greet", "trade")),
+    "brave": (["I'm not afraid of anyone.", "I've seen worse.", "Nothing frightens me."], ("approach", "greet")),
 }
 
 
@@ -607,14 +584,12 @@ def compose(arch: str, state: str, intent: str, rng: random.Random, n: int) -> l
         picked += [(line, value) for line in lines[: n // 4]]
     rows = [{"archetype": arch, "state": state, "line": line, "persona": "", "intent": intent,
              "context": f"tide={tide}" if tide else "", "like": LIKE[arch]} for line, tide in picked]
-    traits = sorted(MOODS)
-    for i in range(n // 3):  # persona rows in every state and intent: mood + reply, or mood + tide + reply
-        trait = traits[rng.randrange(len(traits))]
-        mood = rng.choice(MOODS[trait][urgent])
-        tide = ("low", "high", "")[i % 3]
-        body = f"{rng.choice(TIDE[arch][urgent][tide])} {rng.choice(replies)}" if tide else rng.choice(replies)
-        rows.append({"archetype": arch, "state": state, "persona": trait, "intent": intent,
-                     "context": f"tide={tide}" if tide else "", "line": f"{mood} {body}", "like": LIKE[arch]})
+    if tone in ("calm", "warm"):
+        traits = [t for t, (_, intents) in sorted(MOODS.items()) if intent in intents]
+        for _ in range(n // 7 if traits else 0):
+            trait = rng.choice(traits)
+            rows.append({"archetype": arch, "state": state, "persona": trait, "intent": intent, "context": "",
+                         "line": f"{rng.choice(MOODS[trait][0])} {rng.choice(replies)}", "like": LIKE[arch]})
     return rows
 
 

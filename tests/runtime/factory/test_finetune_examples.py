@@ -1,6 +1,6 @@
-"""The pirate-port example's data and rating sheet: the composed file tags a persona trait in
-every state and intent of every new archetype, it reads back through ``read_lines`` without a
-bad row, and the rating sheet's design does not tie the persona or the tide to one archetype."""
+"""The pirate-port example's data and rating sheet: the composed file is what ``make_lines.py``
+writes and reads back through ``read_lines`` without a bad row, the rating sheet's design does
+not tie the persona or the tide to one archetype, and the trigram diagnostic of a rated sheet."""
 
 from __future__ import annotations
 
@@ -35,24 +35,6 @@ def composed(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, str]]:
 def test_the_composed_file_is_the_committed_one(composed):
     with (EXAMPLE / "pirate_port_more.csv").open(newline="") as f:
         assert list(csv.DictReader(f)) == composed
-
-
-def test_every_new_archetype_state_and_intent_has_persona_tagged_lines(composed):
-    ml = load("make_lines")
-    tagged = Counter((r["archetype"], r["state"], r["intent"]) for r in composed if r["persona"])
-    cells = [(a, s, i) for a in ml.LEADS for s in ml.STATES for i in ml.INTENTS]
-    assert [c for c in cells if tagged[c] < 3] == []
-    traits = Counter(r["persona"] for r in composed if r["persona"] and ml.TONE[r["state"]] in ("wary", "fight"))
-    assert set(traits) == set(ml.MOODS)
-    assert sum(bool(r["persona"]) for r in composed) / len(composed) > 0.2
-
-
-def test_persona_lines_with_a_tide_say_only_that_tide(composed):
-    for r in composed:
-        if r["persona"] and r["context"]:
-            other = {"tide=low": ("high water", "tide's in", "tide's up", "high tide"),
-                     "tide=high": ("low water", "tide's out", "low tide")}[r["context"]]
-            assert not any(p in r["line"].lower() for p in other), r
 
 
 def test_the_composed_file_reads_without_a_bad_row(composed):
