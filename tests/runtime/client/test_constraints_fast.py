@@ -108,9 +108,10 @@ def test_the_doubled_word_rule_blocks_what_the_reference_does_with_the_echo_in_a
         leaf = next(n for n in range(node + 1, wc._subtree_end[node]) if not wc._child[n] and wc._is_word[n])
         outside = int(rng.choice([w for w in words if not node <= w < wc._subtree_end[node]]))
         shape = wc._shape_next[0][TOK.encode(" a")[0]]  # (mid-line, after a word and a space)
-        alone = wc.blocked(wc._state(node, _LETTERS, 0, shape, -1))
+        # (nothing known of the word before: the bigrams leave the repeat to the rule)
+        alone = wc.blocked(wc._state(node, _LETTERS, 0, shape, -1)._replace(prev=ANY))
         for echo in (leaf, outside):
-            state = wc._state(node, _LETTERS, 0, shape, echo)
+            state = wc._state(node, _LETTERS, 0, shape, echo)._replace(prev=ANY)
             for last in (False, True):
                 assert np.array_equal(wc.blocked(state, last=last), wc.blocked_exact(state, last=last)), (
                     wc._spelled[node], wc._spelled[echo], last)
