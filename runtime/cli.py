@@ -13,7 +13,7 @@ DIR already holds a tokenizer.json.
 
 ``flashnpc eval [--model DIR] --json OUT [--fast]``, and the blind-rating kit:
 
-    flashnpc eval blind --model DIR --model-lines N --book-lines M --seed S --out FILE.csv
+    flashnpc eval blind --model DIR --model-lines N --book-lines M --seed S --out FILE.csv [--versus DIR2]
     flashnpc eval unblind FILE.csv [--json OUT]
 
 ``flashnpc export onnx --model CKPT --out DIR [--accuracy-level 0|4]``: checkpoint -> model
@@ -251,6 +251,9 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     blind.add_argument("--seed", type=int, default=argparse.SUPPRESS)
     blind.add_argument("--model-lines", type=int, default=100, help="model lines to rate (default 100)")
     blind.add_argument("--book-lines", type=int, default=50, help="book lines to rate (default 50)")
+    blind.add_argument("--versus", type=Path, default=None, metavar="MODEL",
+                       help="a second exported model: its lines for the same prompts join the kit "
+                            "(source 'versus'), for a blind A/B of two models")
     blind.add_argument("--out", type=Path, required=True, help="the CSV to write (its key beside it)")
     blind.add_argument("--no-progress", action="store_true", default=argparse.SUPPRESS,
                        help="no progress bar on stderr")
@@ -313,11 +316,13 @@ def _blind(args: argparse.Namespace) -> int:
     book = load_line_book(args.line_book)
     cfg = EvalConfig(seed=args.seed)
     sampler = Sampler(FlashOnnx.load(args.model, file="model.int4.onnx"), cfg, book)
+    versus = None if args.versus is None else Sampler(FlashOnnx.load(args.versus, file="model.int4.onnx"), cfg, book)
     try:
         with ticking("eval blind: sampling", enabled=not args.no_progress):
             key = write_blind(args.out, book=book, sampler=sampler, model_lines=args.model_lines,
                               book_lines=args.book_lines, seed=args.seed,
-                              model_name=str(args.model) if args.model else "shipped default")
+                              model_name=str(args.model) if args.model else "shipped default",
+                              versus=versus, versus_name=None if args.versus is None else str(args.versus))
     except ValueError as exc:
         print(f"flashnpc eval blind: {exc}", file=sys.stderr)
         return 2

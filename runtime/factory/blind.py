@@ -46,7 +46,9 @@ COLUMNS = ("id", "prompt", "line", "rating")
 RATINGS = {0: "garbled", 1: "clumsy", 2: "shippable"}
 RATING_SCALE = ("0 = garbled, contradictory or wrong for the state; 1 = understandable but clumsy "
                 "or stitched; 2 = a writer could ship it as is")
-SOURCES = ("model", "book")
+SOURCES = ("model", "versus", "book")
+"""Who wrote a line: the model rated, a second model on the very same prompts (``--versus``:
+a blind A/B of two models), the line book."""
 
 
 class RatingsError(ValueError):
@@ -86,9 +88,13 @@ def write_blind(
     book_lines: int,
     seed: int = 0,
     model_name: str = "shipped default",
+    versus: Sampler | None = None,
+    versus_name: str | None = None,
 ) -> dict[str, Any]:
     """Write the rating CSV and its key; returns the key. Book lines of a shape the book does not
-    have are drawn from the shapes it has (their key entries say which)."""
+    have are drawn from the shapes it has (their key entries say which). ``versus``: a second
+    model's sampler, which writes a line for every prompt the model got, with the same sampling
+    seed (source ``versus``), so the two read side by side in one blind reading."""
     if model_lines < 0 or book_lines < 0:
         raise ValueError("--model-lines and --book-lines must be >= 0")
     split = book.split()
@@ -102,11 +108,14 @@ def write_blind(
     for k, ((shape, side), n) in enumerate(sorted(wanted.items())):
         rng = cell_rng(seed, shape, side, purpose=2)
         requests = draw_requests(book, pair_conditions(book, split, side), shape, n, rng, personas)
-        lines = sampler.sample(requests, seed=seed * 1000 + 500 + k)
-        falls = getattr(sampler, "last_fallbacks", None) or [False] * len(lines)
-        for request, line, falls_back in zip(requests, lines, falls):
-            items.append({**_item("model", shape, side, request, line),
-                          "engine_falls_back": bool(falls_back)})
+        for source, writer in (("model", sampler), ("versus", versus)):
+            if writer is None:
+                continue
+            lines = writer.sample(requests, seed=seed * 1000 + 500 + k)
+            falls = getattr(writer, "last_fallbacks", None) or [False] * len(lines)
+            for request, line, falls_back in zip(requests, lines, falls):
+                items.append({**_item(source, shape, side, request, line),
+                              "engine_falls_back": bool(falls_back)})
 
     have = [cell for cell in _cells(len(SHAPES) * len(SIDES)) if pools[(*cell, "text")]]
     if book_lines and not have:
@@ -136,6 +145,8 @@ def write_blind(
             writer.writerow([item["id"], item["prompt"], item["line"], ""])
     key = {"csv": out.name, "seed": seed, "model": model_name, "rating_scale": RATING_SCALE,
            "items": shuffled}
+    if versus is not None:
+        key["versus"] = versus_name or "second model"
     key_path(out).write_text(json.dumps(key, indent=1))
     return key
 
@@ -205,21 +216,24 @@ def _shares(ratings: Sequence[int]) -> dict[str, Any]:
 
 
 def summarise(rated: Sequence[Rated]) -> dict[str, Any]:
-    """Shippable / clumsy / garbled shares per source, and per source and shape or side. The
-    model's ``as_served`` share leaves out the lines the engine would have replaced by an authored
-    fallback (the key's ``engine_falls_back``: stopped on every attempt; the kit keeps their whole
-    words so that they count against the model in ``all``); ``fallbacks`` counts them."""
+    """Shippable / clumsy / garbled shares per source (``model`` and ``book``; ``versus`` when the
+    kit has one), and per source and shape or side. A model's ``as_served`` share leaves out the
+    lines the engine would have replaced by an authored fallback (the key's ``engine_falls_back``:
+    stopped on every attempt; the kit keeps their whole words so that they count against the
+    model in ``all``); ``fallbacks`` counts them."""
     out: dict[str, Any] = {}
     for source in SOURCES:
         mine = [r for r in rated if r.item["source"] == source]
+        if source == "versus" and not mine:
+            continue
         out[source] = {
             "all": _shares([r.rating for r in mine]),
             "by_shape": {s: _shares([r.rating for r in mine if r.item["shape"] == s]) for s in SHAPES},
             "by_side": {s: _shares([r.rating for r in mine if r.item["side"] == s]) for s in SIDES},
         }
-    model = [r for r in rated if r.item["source"] == "model"]
-    out["model"]["as_served"] = _shares([r.rating for r in model if not r.item.get("engine_falls_back")])
-    out["model"]["fallbacks"] = sum(bool(r.item.get("engine_falls_back")) for r in model)
+        if source != "book":
+            out[source]["as_served"] = _shares([r.rating for r in mine if not r.item.get("engine_falls_back")])
+            out[source]["fallbacks"] = sum(bool(r.item.get("engine_falls_back")) for r in mine)
     return out
 
 
@@ -229,17 +243,18 @@ def format_summary(summary: dict[str, Any]) -> str:
         return "-" if x is None else f"{100 * x:.1f}"
 
     rows = [f"{'source':8s} {'group':12s} {'lines':>6s} {'shippable':>10s} {'clumsy':>8s} {'garbled':>8s}"]
-    for source in SOURCES:
+    for source in (s for s in SOURCES if s in summary):
         groups = [("all", summary[source]["all"])]
         groups += [(s, v) for s, v in summary[source]["by_shape"].items()]
         groups += [(s, v) for s, v in summary[source]["by_side"].items()]
-        if source == "model" and summary[source].get("fallbacks"):
+        if summary[source].get("fallbacks"):
             groups.append(("as served", summary[source]["as_served"]))
         for name, g in groups:
             if g["n"] or name == "all":
                 rows.append(f"{source:8s} {name:12s} {g['n']:>6d} {pct(g['shippable']):>10s} "
                             f"{pct(g['clumsy']):>8s} {pct(g['garbled']):>8s}")
-    if summary["model"].get("fallbacks"):
-        rows.append(f"(as served: without the {summary['model']['fallbacks']} model lines the engine "
-                    f"would have replaced by an authored fallback)")
+    for source in ("model", "versus"):
+        if summary.get(source, {}).get("fallbacks"):
+            rows.append(f"({source} as served: without the {summary[source]['fallbacks']} lines the "
+                        f"engine would have replaced by an authored fallback)")
     return "\n".join(rows)

@@ -117,6 +117,41 @@ def test_unblind_reports_the_model_as_served_without_the_lines_the_engine_replac
     assert "as served" in format_summary(summary)
 
 
+class OtherSampler(StandinSampler):
+    """A second stand-in model: the stand-in line, shouted."""
+
+    def sample(self, requests, seed):
+        return [line.upper() for line in super().sample(requests, seed)]
+
+
+def test_versus_puts_a_second_models_line_on_every_prompt_and_unblinds_it_apart(tmp_path):
+    out = tmp_path / "ab.csv"
+    key = write_blind(out, book=StandinBook(), sampler=StandinSampler(), model_lines=20, book_lines=4,
+                      seed=3, versus=OtherSampler(), versus_name="runs/other")
+    assert key["versus"] == "runs/other"
+    by_source = {s: [i for i in key["items"] if i["source"] == s] for s in ("model", "versus", "book")}
+    assert [len(v) for v in by_source.values()] == [20, 20, 4]
+    prompts = sorted(i["prompt"] for i in by_source["model"])
+    assert sorted(i["prompt"] for i in by_source["versus"]) == prompts  # the same prompts, side by side
+    line_of = {(i["source"], i["prompt"]): i["line"] for i in key["items"]}
+    assert all(line_of[("versus", p)] == line_of[("model", p)].upper() for p in prompts)
+    items = {i["id"]: i for i in key["items"]}
+    _rate(out, lambda row: {"model": "2", "versus": "0", "book": "1"}[items[row["id"]]["source"]])
+    summary = summarise(read_ratings(out))
+    assert summary["model"]["all"]["shippable"] == 1.0 and summary["versus"]["all"]["garbled"] == 1.0
+    assert summary["versus"]["as_served"]["n"] == 20 and summary["book"]["all"]["clumsy"] == 1.0
+    assert any(row.startswith("versus") for row in format_summary(summary).splitlines())
+    plain = summarise(read_ratings(*_kit_without_versus(tmp_path)))
+    assert "versus" not in plain and "versus" not in format_summary(plain)
+
+
+def _kit_without_versus(tmp_path):
+    out = tmp_path / "plain.csv"
+    write_blind(out, book=StandinBook(), sampler=StandinSampler(), model_lines=4, book_lines=2, seed=1)
+    _rate(out, lambda row: "2")
+    return (out,)
+
+
 def test_unblind_refuses_missing_and_invalid_ratings_with_file_and_line(kit):
     out, _ = kit
     rows = _rate(out, lambda row: "1")
