@@ -718,8 +718,9 @@ def extend_fallbacks(fallbacks: Mapping[str, Mapping[str, list[str]]], lines: Se
     """Fallback lines for the studio's (archetype, state) pairs: up to ``per_pair`` of its
     slot-free, context-free lines of at most ``max_words`` words, shortest first.
 
-    ``fallbacks.json`` is keyed by archetype and state only, so the engine serves one of these
-    whatever the player's intent or the NPC's persona: the lines a studio wrote for ``approach``
+    These are a pair's ``any`` cell, served for an intent the studio wrote no fallback for
+    (:func:`studio_fallback_cells` adds the per-intent cells) and whatever the NPC's persona: the
+    lines a studio wrote for ``approach``
     (the default intent: the player walks up) without a persona trait come first, since they
     fit any move; the pair's other lines only fill the remaining places (a pair with nothing
     else keeps its farewell or trade lines rather than no studio line at all)."""
@@ -734,6 +735,26 @@ def extend_fallbacks(fallbacks: Mapping[str, Mapping[str, list[str]]], lines: Se
         picked = list(dict.fromkeys(text for _, text in ranked))
         out.setdefault(arch, {})[state] = picked[:per_pair]
     return out
+
+
+def studio_fallback_cells(lines: Sequence[StudioLine], per_cell: int = 4, max_words: int = 14
+                          ) -> dict[tuple[str, str] | tuple[str, str, str], list[str]]:
+    """The studio's fallback cells (:class:`runtime.client.fallback.FallbackBook`'s keys): per
+    (archetype, state) the ``any`` lines of :func:`extend_fallbacks`, and per (archetype, state,
+    intent) up to ``per_cell`` of the lines the studio wrote for that intent without a persona
+    trait, context or slot, of at most ``max_words`` words, shortest first, so a fallback answers
+    what the player did (a farewell gets a farewell) wherever the studio wrote one."""
+    cells: dict[tuple[str, str] | tuple[str, str, str], list[str]] = {
+        (a, s): texts for a, states in extend_fallbacks({}, lines, max_words=max_words).items()
+        for s, texts in states.items()}
+    by_intent: dict[tuple[str, str, str], set[str]] = {}
+    for line in lines:
+        if ("{" not in line.text and len(line.text.split()) <= max_words and not line.context
+                and not line.persona and line.intent):
+            by_intent.setdefault((line.archetype, line.state, line.intent), set()).add(line.text)
+    for key, texts in sorted(by_intent.items()):
+        cells[key] = sorted(texts, key=lambda t: (len(t), t))[:per_cell]
+    return cells
 
 
 # --------------------------------------------------------------------------- fine-tuning
@@ -927,9 +948,9 @@ def finetune(base_path: str | Path | None, lines_path: str | Path, out_dir: str 
     (out / "constraints.json").write_text(json.dumps(cons, ensure_ascii=False, separators=(",", ":")) + "\n")
     from runtime.client.fallback import FallbackBook  # the base's file may be version 1 or 2
 
-    studio = extend_fallbacks({}, lines)  # a studio pair replaces the base's (archetype, state), every intent
+    # a studio pair replaces the base's (archetype, state), every intent; its own intents' cells follow
     fallbacks = FallbackBook.from_doc(base.fallbacks, source=f"--base {base.path} fallbacks.json").replaced(
-        {(a, s): v for a, states in studio.items() for s, v in states.items()}).to_doc()
+        studio_fallback_cells(lines)).to_doc()
     (out / "fallbacks.json").write_text(json.dumps(fallbacks, indent=2, ensure_ascii=False) + "\n")
     with (out / "studio_lines.jsonl").open("w", encoding="utf-8") as f:
         for line in lines:

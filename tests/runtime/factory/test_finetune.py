@@ -158,6 +158,27 @@ def test_fallbacks_put_a_pairs_intent_free_lines_first_and_skip_slots_and_contex
     assert out["guard"] == {"alert": ["Halt!"]}
 
 
+def test_studio_fallbacks_answer_the_intent_the_studio_wrote_for_and_fall_back_to_the_pair():
+    from runtime.client.fallback import FallbackBook
+
+    sl = ft.StudioLine
+    lines = [sl("smuggler", "alert", "Go. Slowly.", intent="farewell"),
+             sl("smuggler", "alert", "Off with you, then.", intent="farewell"),
+             sl("smuggler", "alert", "Bah. Be off.", intent="farewell", persona=("gruff",)),
+             sl("smuggler", "alert", "Customs boat. Nobody breathes."),
+             sl("smuggler", "alert", "No trade till the boat's gone.", intent="trade"),
+             sl("smuggler", "alert", "Sell {item}? Not now.", intent="trade")]
+    cells = ft.studio_fallback_cells(lines)
+    assert cells[("smuggler", "alert", "farewell")] == ["Go. Slowly.", "Off with you, then."]  # no trait
+    assert cells[("smuggler", "alert", "trade")] == ["No trade till the boat's gone."]  # no slot
+    base = FallbackBook({("smuggler", "alert", "greet"): ["Old line."], ("guard", "alert"): ["Halt!"]})
+    book = base.replaced(cells)
+    assert book.candidates("smuggler", "alert", "farewell") == ("Go. Slowly.", "Off with you, then.")
+    assert book.candidates("smuggler", "alert", "greet") == book.candidates("smuggler", "alert")  # the pair's any
+    assert "Old line." not in book.candidates("smuggler", "alert", "greet")  # the studio's pair replaced
+    assert book.candidates("guard", "alert", "trade") == ("Halt!",)
+
+
 def test_new_names_become_control_tokens_and_text_ids_shift_consistently(tmp_path):
     lines = ft.read_lines(write_jsonl(tmp_path / "l.jsonl", LINES), CATALOG)
     catalog, added = ft.extend_catalog(CATALOG, lines)
