@@ -18,6 +18,10 @@ sorted order (``constraints.json``'s ``vocabulary`` list), then the slots in the
                 "offsets": [0, ..., len(next)],    # len(vocabulary) + len(slots) + 1 of them
                 "next": [id, ...]}                 # row i: next[offsets[i]:offsets[i + 1]], sorted
 
+Each of the three id arrays is a JSON list of integers or, as the export writes them, a packed
+string ``"u16:<base64>"`` (``u32`` for ids of 65,536 and over; :func:`pack_ids`): little-endian
+unsigned integers, half the bytes of the list, read the same way.
+
 :class:`BigramMask` is the engine's part (built by
 :class:`runtime.client.constraints.WordConstraint` when it is given a table): a word completed
 inside a piece must be followed by one of its successors. ``WordState.prev`` holds the word
@@ -42,6 +46,8 @@ engines handle as every other (veto, redraw, fallback).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import bisect
 import itertools
 import re
@@ -101,10 +107,44 @@ def bigram_pairs(text: str) -> list[tuple[str, str]]:
     return [(a, b) for ws in piece_words(text) for a, b in itertools.pairwise(ws)]
 
 
-def _ids(values: Any, field: str, bound: int) -> np.ndarray:
-    if not isinstance(values, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        raise ValueError(f"bigrams.{field} must be a list of integers")
+_PACKED = {"u16": np.dtype("<u2"), "u32": np.dtype("<u4")}
+
+
+def pack_ids(values: np.ndarray) -> str:
+    """``values`` (non-negative integers) as ``"u16:<base64>"`` (or ``u32`` when one is 65,536
+    or more): little-endian unsigned integers, base64. Half the bytes of a JSON list of the
+    same ids, which the mobile bundle's 8 MB budget needs; :func:`_ids` reads both forms."""
     arr = np.asarray(values, dtype=np.int64)
+    kind = "u16" if not len(arr) or int(arr.max()) < 1 << 16 else "u32"
+    return f"{kind}:" + base64.b64encode(arr.astype(_PACKED[kind]).tobytes()).decode("ascii")
+
+
+def unpack_ids(value: str | list[int]) -> np.ndarray:
+    """The ids of a ``bigrams`` field in either form (a list, or :func:`pack_ids`' string)."""
+    return _unpack(value, "ids") if isinstance(value, str) else np.asarray(value, dtype=np.int64)
+
+
+def _unpack(value: str, field: str) -> np.ndarray:
+    kind, sep, data = value.partition(":")
+    if not sep or kind not in _PACKED:
+        raise ValueError(f"bigrams.{field} must be a list of integers or a packed string "
+                         f"\"u16:<base64>\" / \"u32:<base64>\", got {value[:20]!r}")
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"bigrams.{field}: not base64 ({exc})") from None
+    if len(raw) % _PACKED[kind].itemsize:
+        raise ValueError(f"bigrams.{field}: {len(raw)} bytes is not a whole number of {kind} values")
+    return np.frombuffer(raw, dtype=_PACKED[kind]).astype(np.int64)
+
+
+def _ids(values: Any, field: str, bound: int) -> np.ndarray:
+    if isinstance(values, str):
+        arr = _unpack(values, field)
+    elif not isinstance(values, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise ValueError(f"bigrams.{field} must be a list of integers")
+    else:
+        arr = np.asarray(values, dtype=np.int64)
     if len(arr) and (arr.min() < 0 or arr.max() >= bound):
         raise ValueError(f"bigrams.{field}: ids must be in [0, {bound}), got {int(arr.min())}..{int(arr.max())}")
     return arr
@@ -177,8 +217,8 @@ class BigramTable:
 
     def to_json(self) -> dict[str, Any]:
         """The ``bigrams`` entry of ``constraints.json`` (the words are its ``vocabulary``)."""
-        return {"slots": list(self.slots), "starts": self.starts.tolist(), "offsets": self.offsets.tolist(),
-                "next": self.successors.tolist()}
+        return {"slots": list(self.slots), "starts": pack_ids(self.starts), "offsets": pack_ids(self.offsets),
+                "next": pack_ids(self.successors)}
 
     @classmethod
     def from_json(cls, data: Any, vocabulary: Iterable[str] | None, slots: Sequence[str]) -> BigramTable:
@@ -207,11 +247,10 @@ class BigramTable:
         if not len(starts):
             raise ValueError("bigrams.starts is empty: no word could start a line")
         succ = _ids(data["next"], "next", size)
-        offsets = data["offsets"]
-        if not isinstance(offsets, list) or len(offsets) != size + 1:
+        off = _ids(data["offsets"], "offsets", len(succ) + 1)
+        if len(off) != size + 1:
             raise ValueError(f"bigrams.offsets must hold {size + 1} integers (one per word and slot, "
-                             f"and one), got {len(offsets) if isinstance(offsets, list) else type(offsets).__name__}")
-        off = _ids(offsets, "offsets", len(succ) + 1)
+                             f"and one), got {len(off)}")
         if off[0] != 0 or off[-1] != len(succ) or np.any(np.diff(off) < 0):
             raise ValueError(f"bigrams.offsets must rise from 0 to len(next) = {len(succ)}")
         inner = np.ones(len(succ), dtype=bool)
@@ -639,4 +678,5 @@ def table_of(data: Mapping[str, Any], vocabulary: Iterable[str] | None, slots: S
     return None if raw is None else BigramTable.from_json(raw, vocabulary, slots)
 
 
-__all__ = ["ANY", "PIECE", "PIECE_MARKS", "BigramMask", "BigramTable", "bigram_pairs", "piece_words", "table_of"]
+__all__ = ["ANY", "PIECE", "PIECE_MARKS", "BigramMask", "BigramTable", "bigram_pairs", "pack_ids", "piece_words",
+           "table_of", "unpack_ids"]

@@ -22,15 +22,18 @@ docs/linebook.md, "fallbacks"), so a shipped file has a cell for every (archetyp
 intent) the book writes. Fallback lines are served as written: no slots, and nothing that
 asserts a context value (time of day, weather, ...), since a fallback may be served under any.
 
-**File format** (``fallbacks.json``), version 2::
+**File format** (``fallbacks.json``), version 3: every distinct line once, in ``strings``, and
+the cells as indexes into it (a state's lines recur in every archetype's cells, so this is half
+the bytes of version 2, which the mobile bundle's 8 MB budget needs)::
 
-    {"version": 2,
-     "lines": {"guard": {"alert": {"any": ["Keep your distance, citizen!", ...],
-                                   "farewell": ["Go, then, and stay gone.", ...], ...}, ...}, ...}}
+    {"version": 3,
+     "strings": ["Keep your distance, citizen!", "Go, then, and stay gone.", ...],
+     "lines": {"guard": {"alert": {"any": [0, ...], "farewell": [1, ...], ...}, ...}, ...}}
 
-Version 1, the format before intents, is ``{archetype: {state: [lines]}}`` and still reads (its
-lines become the ``any`` cells); fine-tunes and bundles in the field carry it. A malformed file
-raises ValueError naming the file and the key.
+Version 2 is the same with the lines written out in the cells (``"any": ["Keep your distance,
+citizen!", ...]``); version 1, the format before intents, is ``{archetype: {state: [lines]}}``
+(its lines become the ``any`` cells). Both still read: fine-tunes and bundles in the field carry
+them. A malformed file raises ValueError naming the file and the key.
 
 :meth:`FallbackBook.pick` draws a line of the answering cell with the caller's seeded
 generator, never the same line twice in a row for one NPC when the cell has another.
@@ -55,9 +58,11 @@ GENERIC = ("...", "Hm.")
 ANY_INTENT = "any"
 """The intent key of a cell whose lines answer any move (no catalog intent may be called this)."""
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """The ``fallbacks.json`` version :meth:`FallbackBook.to_doc` writes; 1 (no ``version`` key:
-``{archetype: {state: [lines]}}``) and 2 read."""
+``{archetype: {state: [lines]}}``), 2 and 3 read."""
+
+_READS = (2, 3)
 
 Cell = tuple[str, str, str]
 
@@ -94,20 +99,22 @@ class FallbackBook:
 
     @classmethod
     def from_doc(cls, doc: Any, *, source: str = "fallbacks.json") -> FallbackBook:
-        """The book a parsed ``fallbacks.json`` document describes (version 1 or 2). ValueError,
-        starting with ``source`` and naming the key, for anything else."""
+        """The book a parsed ``fallbacks.json`` document describes (version 1, 2 or 3).
+        ValueError, starting with ``source`` and naming the key, for anything else."""
         if not isinstance(doc, dict):
-            raise ValueError(f"{source}: expected an object ({{\"version\": 2, \"lines\": ...}} "
-                             f"or {{archetype: {{state: [lines]}}}})")
+            raise ValueError(f"{source}: expected an object ({{\"version\": 3, \"strings\": ..., "
+                             f"\"lines\": ...}} or {{archetype: {{state: [lines]}}}})")
         version = doc.get("version")
         if isinstance(version, bool) or not isinstance(version, int):
             return cls(_read_v1(doc, source))
-        if version != FORMAT_VERSION:
+        if version not in _READS:
             raise ValueError(f"{source}: version: {version} is not a fallbacks.json version this engine "
-                             f"reads (1, {FORMAT_VERSION})")
-        extra = sorted(set(doc) - {"version", "lines"})
+                             f"reads (1, {', '.join(map(str, _READS))})")
+        known = {"version", "lines"} | ({"strings"} if version == 3 else set())
+        extra = sorted(set(doc) - known)
         if extra:
-            raise ValueError(f"{source}: {extra[0]}: unknown key; known: version, lines")
+            raise ValueError(f"{source}: {extra[0]}: unknown key; known: {', '.join(sorted(known))}")
+        strings = _strings(doc.get("strings"), source, "strings") if version == 3 else None
         table = doc.get("lines")
         if not isinstance(table, dict):
             raise ValueError(f"{source}: lines: expected an object {{archetype: {{state: {{intent: [lines]}}}}}}")
@@ -120,7 +127,9 @@ class FallbackBook:
                     raise ValueError(f"{source}: lines.{arch}.{state} must map intents "
                                      f"(or {ANY_INTENT!r}) to lists of lines")
                 for intent, texts in intents.items():
-                    lines[(arch, state, intent)] = _strings(texts, source, f"lines.{arch}.{state}.{intent}")
+                    key = f"lines.{arch}.{state}.{intent}"
+                    lines[(arch, state, intent)] = (_strings(texts, source, key) if strings is None
+                                                    else _indexed(texts, strings, source, key))
         return cls(lines)
 
     @classmethod
@@ -131,12 +140,15 @@ class FallbackBook:
         return cls.from_json(DEFAULT_MODEL_DIR / "fallbacks.json")
 
     def to_doc(self) -> dict[str, Any]:
-        """The version-2 ``fallbacks.json`` document of these cells (archetypes, states and intents
-        in the order first seen, ``any`` first within a state)."""
-        table: dict[str, dict[str, dict[str, list[str]]]] = {}
+        """The version-3 ``fallbacks.json`` document of these cells (archetypes, states and intents
+        in the order first seen, ``any`` first within a state; ``strings`` in the order first
+        used)."""
+        strings: dict[str, int] = {}
+        table: dict[str, dict[str, dict[str, list[int]]]] = {}
         for (arch, state, intent), texts in sorted(self.lines.items(), key=lambda kv: kv[0][2] != ANY_INTENT):
-            table.setdefault(arch, {}).setdefault(state, {})[intent] = list(texts)
-        return {"version": FORMAT_VERSION, "lines": table}
+            table.setdefault(arch, {}).setdefault(state, {})[intent] = [
+                strings.setdefault(t, len(strings)) for t in texts]
+        return {"version": FORMAT_VERSION, "strings": list(strings), "lines": table}
 
     def replaced(self, lines: Mapping[tuple[str, str] | tuple[str, str, str], Sequence[str]]) -> FallbackBook:
         """A new book with ``lines``'s cells written over these; a two-part key (archetype, state)
@@ -179,6 +191,15 @@ def _strings(texts: Any, source: str, key: str) -> list[str]:
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
         raise ValueError(f"{source}: {key} must be a list of strings")
     return texts
+
+
+def _indexed(refs: Any, strings: list[str], source: str, key: str) -> list[str]:
+    if not isinstance(refs, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in refs):
+        raise ValueError(f"{source}: {key} must be a list of indexes into strings")
+    bad = [i for i in refs if not 0 <= i < len(strings)]
+    if bad:
+        raise ValueError(f"{source}: {key}: index {bad[0]} is outside strings (0..{len(strings) - 1})")
+    return [strings[i] for i in refs]
 
 
 def _read_v1(doc: dict[str, Any], source: str) -> dict[Cell, list[str]]:

@@ -580,9 +580,9 @@ def export_checkpoint(model_dir: str | Path, out_dir: str | Path, *, accuracy_le
 
 
 def write_fallbacks(path: Path) -> None:
-    """fallbacks.json (version 2, :mod:`runtime.client.fallback`): the default line book's
-    fallback cells, {"version": 2, "lines": {archetype: {state: {intent or "any": [lines]}}}}
-    (compact, as constraints.json)."""
+    """fallbacks.json (version 3, :mod:`runtime.client.fallback`): the default line book's
+    fallback cells, {"version": 3, "strings": [lines], "lines": {archetype: {state: {intent or
+    "any": [indexes into strings]}}}} (compact, as constraints.json)."""
     from runtime.client.fallback import FallbackBook
     from runtime.factory.linebook import load_line_book
 

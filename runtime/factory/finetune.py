@@ -951,7 +951,7 @@ def finetune(base_path: str | Path | None, lines_path: str | Path, out_dir: str 
     # a studio pair replaces the base's (archetype, state), every intent; its own intents' cells follow
     fallbacks = FallbackBook.from_doc(base.fallbacks, source=f"--base {base.path} fallbacks.json").replaced(
         studio_fallback_cells(lines)).to_doc()
-    (out / "fallbacks.json").write_text(json.dumps(fallbacks, indent=2, ensure_ascii=False) + "\n")
+    (out / "fallbacks.json").write_text(json.dumps(fallbacks, ensure_ascii=False, separators=(",", ":")) + "\n")
     with (out / "studio_lines.jsonl").open("w", encoding="utf-8") as f:
         for line in lines:
             f.write(json.dumps({**line.to_json(), "heldout": line in held_lines}) + "\n")

@@ -10,7 +10,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from runtime.client.bigrams import ANY, PIECE, BigramTable, bigram_pairs, piece_words
+from runtime.client.bigrams import (
+    ANY,
+    PIECE,
+    BigramTable,
+    bigram_pairs,
+    pack_ids,
+    piece_words,
+    unpack_ids,
+)
 from runtime.client.constraints import (
     _APOSTROPHE,
     _LETTERS,
@@ -219,7 +227,21 @@ BAD = [
     ({"slots": ["dragon"]}, "bigrams.slots must list"),
     ({"next": None}, "bigrams: missing next"),
     ({"extra": 1}, "bigrams: unknown key 'extra'"),
+    ({"next": "u16:not base64!"}, "bigrams.next: not base64"),
+    ({"next": "i8:AAAA"}, "bigrams.next must be a list of integers or a packed string"),
+    ({"next": "u16:AAAA"}, "bigrams.next: 3 bytes is not"),
 ]
+
+
+def test_the_export_packs_the_id_arrays_and_a_list_reads_the_same(derived):
+    doc = derived[0]
+    packed = doc["bigrams"]
+    assert all(packed[k].startswith("u16:") for k in ("starts", "offsets", "next"))
+    listed = {k: (v if k == "slots" else unpack_ids(v).tolist()) for k, v in packed.items()}
+    assert len(json.dumps(packed)) < 0.75 * len(json.dumps(listed))
+    assert Constraints.from_json({**doc, "bigrams": listed}).bigrams == Constraints.from_json(doc).bigrams
+    assert unpack_ids(pack_ids(np.array([0, 70_000]))).tolist() == [0, 70_000]  # u32 past 65,535
+    assert pack_ids(np.array([0, 70_000])).startswith("u32:")
 
 
 @pytest.mark.parametrize(("change", "reason"), BAD)
@@ -239,7 +261,7 @@ def test_a_malformed_table_is_refused_naming_the_file_and_the_field(tmp_path, de
 
 def test_rows_out_of_order_and_a_table_without_vocabulary_are_refused(derived):
     doc = derived[0]
-    raw = doc["bigrams"]
+    raw = {k: (v if k == "slots" else unpack_ids(v).tolist()) for k, v in doc["bigrams"].items()}
     row = next(i for i in range(len(raw["offsets"]) - 1) if raw["offsets"][i + 1] - raw["offsets"][i] >= 2)
     nxt = list(raw["next"])
     a = raw["offsets"][row]

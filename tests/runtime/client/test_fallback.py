@@ -30,11 +30,12 @@ def book(cells) -> FallbackBook:
     return FallbackBook(cells)
 
 
-def test_the_shipped_fallbacks_are_the_line_books_cells_in_version_2(book):
+def test_the_shipped_fallbacks_are_the_line_books_cells_in_version_3(book):
     shipped = FallbackBook.shipped()
     assert shipped.lines == book.lines
     doc = json.loads((DEFAULT_MODEL_DIR / "fallbacks.json").read_text())
-    assert doc["version"] == FORMAT_VERSION == 2 and set(doc) == {"version", "lines"}
+    assert doc["version"] == FORMAT_VERSION == 3 and set(doc) == {"version", "strings", "lines"}
+    assert len(doc["strings"]) == len(set(doc["strings"]))  # every line once
 
 
 def test_the_default_book_writes_a_cell_for_every_archetype_state_and_intent(line_book, cells):
@@ -115,12 +116,17 @@ def test_a_version_1_file_loads_as_the_any_cells(tmp_path):
     assert book.candidates("guard", "alert", "farewell") == ("Halt!", "Stop!")
 
 
-def test_the_version_2_document_round_trips(book, tmp_path):
+def test_the_version_3_document_round_trips_and_version_2_reads_the_same(book, tmp_path):
     path = tmp_path / "fallbacks.json"
-    path.write_text(json.dumps(book.to_doc()))
+    doc = book.to_doc()
+    path.write_text(json.dumps(doc))
     again = FallbackBook.from_json(path)
     assert again.lines == book.lines
-    assert next(iter(book.to_doc()["lines"]["guard"]["alert"])) == ANY_INTENT
+    assert next(iter(doc["lines"]["guard"]["alert"])) == ANY_INTENT
+    v2 = {"version": 2, "lines": {a: {s: {i: [doc["strings"][k] for k in refs] for i, refs in cells.items()}
+                                      for s, cells in states.items()} for a, states in doc["lines"].items()}}
+    assert FallbackBook.from_doc(v2).lines == book.lines
+    assert len(json.dumps(doc, separators=(",", ":"))) < 0.6 * len(json.dumps(v2, separators=(",", ":")))
 
 
 def test_a_studio_pair_replaces_every_cell_of_its_archetype_and_state():
@@ -138,7 +144,13 @@ def test_a_studio_pair_replaces_every_cell_of_its_archetype_and_state():
     ("[1, 2]", r"fallbacks\.json: expected an object"),
     ('{"guard": {"alert": "Halt!"}}', r"fallbacks\.json: guard\.alert must be a list of strings"),
     ('{"guard": ["Halt!"]}', r"fallbacks\.json: 'guard' must map states"),
-    ('{"version": 3, "lines": {}}', r"fallbacks\.json: version: 3 is not a fallbacks\.json version"),
+    ('{"version": 4, "lines": {}}', r"fallbacks\.json: version: 4 is not a fallbacks\.json version"),
+    ('{"version": 3, "lines": {}}', r"fallbacks\.json: strings must be a list of strings"),
+    ('{"version": 3, "strings": ["x"], "lines": {"guard": {"alert": {"any": ["x"]}}}}',
+     r"fallbacks\.json: lines\.guard\.alert\.any must be a list of indexes into strings"),
+    ('{"version": 3, "strings": ["x"], "lines": {"guard": {"alert": {"any": [0, 1]}}}}',
+     r"fallbacks\.json: lines\.guard\.alert\.any: index 1 is outside strings \(0\.\.0\)"),
+    ('{"version": 2, "strings": [], "lines": {}}', r"fallbacks\.json: strings: unknown key"),
     ('{"version": 2}', r"fallbacks\.json: lines: expected an object"),
     ('{"version": 2, "lines": {}, "cells": 1}', r"fallbacks\.json: cells: unknown key"),
     ('{"version": 2, "lines": {"guard": ["x"]}}', r"fallbacks\.json: lines\.guard must map states"),

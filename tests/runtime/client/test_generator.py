@@ -85,12 +85,17 @@ def test_a_repeat_is_resampled(tiny_model_dir):
 def test_gibberish_from_a_guessing_model_is_unusable_and_falls_back_without_resampling(tiny_model_dir):
     gen = LineGenerator.load(tiny_model_dir)  # default min_mean_logprob: -5 nats per token
     accepting = fresh(tiny_model_dir)
-    for seed in range(5):
+    checked = 0
+    for seed in range(8):
         line = gen.generate("guard", "patrol", seed=seed, npc_id=seed)
         raw = accepting.generate("guard", "patrol", seed=seed, npc_id=seed)
-        assert raw.mean_logprob < -5 and not raw.fallback
+        if raw.fallback:  # a random model's draw the engine refuses on other grounds: nothing to compare
+            continue
+        checked += 1
+        assert raw.mean_logprob < -5
         assert line.fallback and line.fallback_reason == "unusable" and line.attempts == 1
         assert line.text in gen.fallbacks.candidates("guard", "patrol", "approach")  # the default intent
+    assert checked >= 5
 
 
 def test_a_zero_deadline_returns_a_fallback_at_once(gen):
@@ -385,7 +390,7 @@ def test_a_mobile_bundle_loads_like_a_model_directory(tiny_model_dir, bundle_zip
     gen = LineGenerator.load(bundle_zip, min_mean_logprob=None)
     ref = fresh(tiny_model_dir)
     assert gen.catalog() == ref.catalog() and gen.banned_words == ref.banned_words
-    line = gen.generate("guard", "patrol", seed=3, context={"player": "Aria"})
+    line = gen.generate("guard", "patrol", seed=0, context={"player": "Aria"})  # (seed 3: a refused draw)
     assert isinstance(line, Line) and not line.fallback and line.tokens
 
 

@@ -126,9 +126,11 @@ def test_exported_directory_loads_and_generates_lines_reproducibly(tmp_path):
     tok.save(ckpt / "tokenizer.json")
     export_checkpoint(ckpt, tmp_path / "flash")
 
-    fallbacks = json.loads((tmp_path / "flash" / "fallbacks.json").read_text())
+    from runtime.client.fallback import FallbackBook
+
+    fallbacks = FallbackBook.from_json(tmp_path / "flash" / "fallbacks.json")
     (arch, state, intent), lines = next(iter(book.fallback_cells().items()))
-    assert fallbacks["lines"][arch][state][intent] == list(lines)
+    assert fallbacks.lines[(arch, state, intent)] == tuple(lines)
 
     m = FlashOnnx.load(tmp_path / "flash")
     assert m.catalog == catalog and m.tokenizer.vocab_size == tok.vocab_size

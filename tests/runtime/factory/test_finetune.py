@@ -256,8 +256,11 @@ def test_the_finetune_is_a_model_directory_the_engine_and_eval_load(tuned):
     assert "low water" in cons["signatures"]["context:tide=low"]
     assert "high water" in cons["signatures"]["context:tide=high"]
     assert report["signatures_added"]["context:tide=low"] == cons["signatures"]["context:tide=low"]
-    fallbacks = json.loads((out / "fallbacks.json").read_text())
-    assert fallbacks["lines"]["smuggler"]["friendly"] == {"any": ["Keep your voice down and your purse open."]}
+    from runtime.client.fallback import ANY_INTENT, FallbackBook
+
+    fallbacks = FallbackBook.from_json(out / "fallbacks.json")
+    assert json.loads((out / "fallbacks.json").read_text())["version"] == 3
+    assert fallbacks.lines[("smuggler", "friendly", ANY_INTENT)] == ("Keep your voice down and your purse open.",)
     gen = LineGenerator.load(out)
     try:
         assert "quartermaster" in gen.catalog()["archetypes"]
