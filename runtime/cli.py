@@ -182,7 +182,8 @@ def run_train(args: argparse.Namespace) -> int:
             return 2
         from runtime.tokenizer import control_tokens
 
-        missing = [t for t in control_tokens(book.catalog()) if t not in set(tokenizer.controls)]
+        known = set(tokenizer.controls)
+        missing = [t for t in control_tokens(book.catalog()) if t not in known]
         if missing:
             print(f"flashnpc train: error: --init-from {args.init_from}: its tokenizer has no "
                   f"{', '.join(missing[:5])} (the line book asks for tags the model was not trained "

@@ -750,7 +750,7 @@ def studio_fallback_cells(lines: Sequence[StudioLine], per_cell: int = 4, max_wo
     by_intent: dict[tuple[str, str, str], set[str]] = {}
     for line in lines:
         if ("{" not in line.text and len(line.text.split()) <= max_words and not line.context
-                and not line.persona and line.intent):
+                and not line.persona):
             by_intent.setdefault((line.archetype, line.state, line.intent), set()).add(line.text)
     for key, texts in sorted(by_intent.items()):
         cells[key] = sorted(texts, key=lambda t: (len(t), t))[:per_cell]

@@ -28,6 +28,7 @@ from runtime.client.constraints import (
 )
 from runtime.client.generator import LineGenerator, LineRequest, ModelLoadError
 from runtime.paths import DEFAULT_MODEL_DIR
+from tests.runtime.client.walks import random_walk
 
 
 @pytest.fixture(scope="module")
@@ -166,14 +167,9 @@ def test_step_keeps_the_word_before_as_the_reference_reader_does(cons, plain):
     rng = np.random.default_rng(5)
     seen = set()
     for _ in range(10):
-        state = WordState()
-        for _ in range(int(rng.integers(1, 12))):
-            allowed = np.flatnonzero(~wc.blocked(state))
-            t = int(rng.choice(allowed))
-            if t == tok.eos_id:
-                break
-            state = wc.step(state, t)
-            seen.add(state.prev)
+        states = random_walk(wc, tok.eos_id, rng, int(rng.integers(1, 12)))
+        seen.update(s.prev for s in states)
+        state = states[-1] if states else WordState()
         for t in range(tok.vocab_size):
             assert wc.step(state, t).prev == wc._bigrams._walk(state, t, False, False)[1], (state, t)
     assert PIECE in seen and any(p >= 0 for p in seen)

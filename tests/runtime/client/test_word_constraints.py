@@ -28,6 +28,7 @@ from runtime.serving.batch_generate import generate_ids_batch
 from runtime.serving.batched_engine import BatchedEngine, GenRequest, load_flash
 from runtime.serving.ort_engine import OrtBatchedEngine
 from runtime.tokenizer import Tokenizer
+from tests.runtime.client.walks import random_walk
 
 # the shipped constraints without the word bigrams: these tests pin the vocabulary, signature
 # and text rules on their own (tests/runtime/client/test_bigrams.py pins the bigrams)
@@ -214,13 +215,8 @@ def test_step_reads_a_token_as_the_reference_reader(words, tok):
     rng = np.random.default_rng(4)
     for wc in (words, WordConstraint(CONS.banned_words, tok)):
         for _ in range(12):
-            state = WordState()
-            for _ in range(int(rng.integers(0, 10))):
-                allowed = np.flatnonzero(~wc.blocked(state))
-                t = int(rng.choice(allowed))
-                if t == tok.eos_id:
-                    break
-                state = wc.step(state, t)
+            states = random_walk(wc, tok.eos_id, rng, int(rng.integers(0, 10)))
+            state = states[-1] if states else WordState()
             for t in range(tok.vocab_size):
                 step, moved = wc.step(state, t), wc._text_read(state, t, False)
                 assert step[:3] == wc._read(state, wc._texts[t], False)[0][:3], (state, t)

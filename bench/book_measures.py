@@ -1,0 +1,64 @@
+"""What a line book itself gives the model to learn: its archetype and intent classifiers on its
+own test and held-out lines, and distinct-2 over 50 of its lines per condition. Books side by side.
+
+    python bench/book_measures.py [BOOK ...] [--lines 3000] [--seed 0]
+
+``BOOK``: a line-book directory or file (default: the shipped book); give two (e.g. a copy with
+other compose weights) to compare them in one run. Per book: an n-gram classifier
+(``runtime.factory.state_classifier.NgramClassifier``, as ``flashnpc eval`` trains it) fitted on
+the book's training lines, its accuracy on up to ``--lines`` test lines and held-out-pair lines
+(seeded pick), and the mean distinct-2 of 50 lines drawn per (archetype, state, intent) — the
+ceiling the model's "distinct-2 within 50 seeds" and "archetype classifier" figures are read
+against (docs/model.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from runtime.factory.linebook import load_line_book
+from runtime.factory.state_classifier import NgramClassifier
+from runtime.factory.text_metrics import distinct_n
+
+
+def measure(book_path: str | None, lines: int, seed: int) -> dict[str, float]:
+    started = time.perf_counter()
+    book = load_line_book(book_path)
+    split = book.split()
+    labels = ("archetype", "intent")
+    clf = NgramClassifier.fit_many([e.text for e in split.train],
+                                   {k: [getattr(e, k) for e in split.train] for k in labels}, seed=seed)
+    rng = np.random.default_rng(seed)
+    out: dict[str, float] = {"examples": len(book.examples())}
+    for side, pool in (("test", split.test), ("heldout", split.heldout)):
+        picked = [pool[i] for i in rng.choice(len(pool), min(lines, len(pool)), replace=False)]
+        for k in labels:
+            out[f"{k}_{side}"] = clf[k].accuracy([e.text for e in picked], [getattr(e, k) for e in picked])
+    by_condition: dict[tuple[str, str, str], list[str]] = defaultdict(list)
+    for e in book.examples():
+        by_condition[(e.archetype, e.state, e.intent)].append(e.text)
+    out["distinct2"] = float(np.mean([distinct_n([v[i] for i in rng.choice(len(v), 50, replace=len(v) < 50)])
+                                      for v in by_condition.values()]))
+    out["seconds"] = time.perf_counter() - started
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("books", nargs="*", default=[None], help="line books (default: the shipped one)")
+    ap.add_argument("--lines", type=int, default=3000)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    rows = [(b or "shipped", measure(b, args.lines, args.seed)) for b in args.books]
+    keys = ("examples", "archetype_test", "archetype_heldout", "intent_test", "intent_heldout", "distinct2", "seconds")
+    print(f"{'book':30s} " + " ".join(f"{k:>17s}" for k in keys))
+    for name, m in rows:
+        print(f"{name[-30:]:30s} " + " ".join(f"{m[k]:>17.3f}" if k != "examples" else f"{int(m[k]):>17d}" for k in keys))
+
+
+if __name__ == "__main__":
+    main()
