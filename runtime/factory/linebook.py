@@ -26,7 +26,7 @@ import hashlib
 import random
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -139,6 +139,25 @@ class _Source:
     where: _Where
     slots: frozenset[str]
     refs: frozenset[str]
+    # a writer's marks (docs/linebook.md, "Where a fragment fits"): intents and states the
+    # fragment is never drawn with, the only intents / states it is drawn with (empty: any),
+    # and the only part of a line it may be ("start", "end"; None: anywhere)
+    never: frozenset[str] = frozenset()
+    only_intents: frozenset[str] = frozenset()
+    only_states: frozenset[str] = frozenset()
+    at: str | None = None
+
+    def fits(self, state: str, intent: str, position: str | None) -> bool:
+        """Whether the fragment may be drawn in a line for ``state`` and ``intent`` as a part at
+        ``position`` (``"start"``, ``"end"``, ``"both"`` for a line's only part, None inside
+        another part or between two)."""
+        if state in self.never or intent in self.never:
+            return False
+        if self.only_intents and intent not in self.only_intents:
+            return False
+        if self.only_states and state not in self.only_states:
+            return False
+        return self.at is None or position in (self.at, "both")
 
 
 def _parse_template(text: str, where: _Where) -> _Template:
@@ -306,6 +325,70 @@ class _Pattern:
     tones: tuple[str, ...]
     where: _Where
     refs: frozenset[str] = frozenset()
+    positions: tuple[str | None, ...] = ()  # per template part: see _part_positions
+
+
+_NO_SOURCES: list[_Source] = []  # one empty list: :meth:`LineBook._fitting` caches lists by id
+
+
+def _part_positions(template: _Template) -> tuple[str | None, ...]:
+    """Where each top-level group of a compose pattern sits in the line: ``"start"`` for the
+    first group when nothing but spaces and marks precede it, ``"end"`` for the last when
+    nothing but spaces and marks follow, ``"both"`` for a group that is both, None otherwise
+    (a group between two, literals, slots, alternatives)."""
+    refs = [i for i, p in enumerate(template) if not isinstance(p, str) and p[0] == "ref"]
+    out: list[str | None] = [None] * len(template)
+    if not refs:
+        return tuple(out)
+
+    def blank(parts: Sequence[_Part]) -> bool:
+        return all(isinstance(p, str) and not re.search(r"[A-Za-z0-9]", p) for p in parts)
+
+    first, last = refs[0], refs[-1]
+    starts, ends = blank(template[:first]), blank(template[last + 1:])
+    for i in refs:
+        at_start, at_end = i == first and starts, i == last and ends
+        out[i] = "both" if at_start and at_end else "start" if at_start else "end" if at_end else None
+    return tuple(out)
+
+
+def _stem(word: str) -> str | None:
+    """A simple stem of a lower-case word for the repetition rule, or None for a word too common
+    to count (:data:`_COMMON`, also behind a contraction: "that's", "don't"): "work", "working",
+    "worked" and "work's" all give "work"; "wait" and "waits" give "wait"; "stories" "story"."""
+    if word in _COMMON:
+        return None
+    base = re.sub(r"(n't|'s|'ll|'re|'ve|'d|'m)$", "", word)
+    if base in _COMMON or not base:
+        return None
+    if base.endswith("ies") and len(base) > 4:
+        base = base[:-3] + "y"
+    else:
+        for suffix in ("ing", "ed", "es", "s"):
+            if base.endswith(suffix) and len(base) - len(suffix) >= 3 and not base.endswith("ss"):
+                base = base[: -len(suffix)]
+                break
+    if len(base) > 3 and base.endswith("e"):
+        base = base[:-1]
+    if len(base) > 3 and base[-1] == base[-2] and base[-1] not in "aeiouls":
+        base = base[:-1]  # "stopp" (stopping) -> "stop"; not "fall", "less"
+    return base
+
+
+def repeated_word(parts: Sequence[str]) -> str | None:
+    """The first word of a later part whose stem (:func:`_stem`) an earlier part of the same line
+    already said, or None: "Work's stacked up high." + "The only news is work piling up" gives
+    "work". Slots and the common words of :data:`_COMMON` do not count. Expansion drops a
+    composed line that repeats itself this way and draws again."""
+    said: set[str] = set()
+    for part in parts:
+        words = _words(_SLOT_RE.sub(" ", part))
+        stems = {w: _stem(w) for w in words}
+        for w in words:
+            if stems[w] is not None and stems[w] in said:
+                return w
+        said.update(st for st in stems.values() if st is not None)
+    return None
 
 
 @dataclass
@@ -352,6 +435,7 @@ class LineBook:
         self._read_fragments(raw)
         self._check_references()
         self._check_implies()
+        self._fit_cache: dict[tuple[int, str, str, str | None], list[_Source]] = {}
         self._examples: list[Example] | None = None
         self._signatures: dict[str, list[str]] | None = None
         self._vocabulary: list[str] | None = None
@@ -389,11 +473,63 @@ class LineBook:
         self._sources.append(src)
         return src
 
-    def _templates(self, rd: _Reader, node: yaml.Node, field: str) -> list[_Source]:
+    def _templates(self, rd: _Reader, node: yaml.Node, field: str, marks: str = "") -> list[_Source]:
+        """A list of templates. ``marks``: which writer's marks its entries may carry (an entry
+        is then a string or a mapping ``{text, not_with, only_with[, at]}``): ``""`` none,
+        ``"fit"`` ``not_with`` / ``only_with``, ``"part"`` those and ``at``."""
         items = rd.seq(node, field)
         if not items:
             raise rd.fail(node, field, "needs at least one line")
-        return [self._template(rd, item, f"{field}[{i}]") for i, item in enumerate(items)]
+        return [self._marked(rd, item, f"{field}[{i}]", marks) for i, item in enumerate(items)]
+
+    def _marked(self, rd: _Reader, node: yaml.Node, field: str, marks: str) -> _Source:
+        """One list entry: a template, or a mapping of its ``text`` and the writer's marks
+        (docs/linebook.md, "Where a fragment fits"), each checked where it is written."""
+        if not isinstance(node, yaml.MappingNode):
+            return self._template(rd, node, field)
+        if not marks:
+            raise rd.fail(node, field, "expected a string (not_with / only_with / at marks are for fragments "
+                          "composed beside a reply: persona moods, context fragments, archetype tags and "
+                          "voice groups, own lines, leads and codas)")
+        known = ("text", "not_with", "only_with", "at") if marks == "part" else ("text", "not_with", "only_with")
+        fields = {k: (knode, v) for k, knode, v in rd.mapping(node, field)}
+        for k, (knode, _v) in fields.items():
+            if k not in known:
+                hint = ("; 'at' is for fragments drawn as a whole part of a line (persona moods, context "
+                        "fragments, tags, own lines)") if k == "at" else ""
+                raise rd.fail(knode, f"{field}.{k}", f"unknown field; known: {', '.join(known)}{hint}")
+        if "text" not in fields:
+            raise rd.fail(node, f"{field}.text", "required field is missing")
+        src = self._template(rd, fields["text"][1], field)
+        named: dict[str, list[str]] = {}
+        for key in ("not_with", "only_with"):
+            if key not in fields:
+                continue
+            names = rd.names(fields[key][1], f"{field}.{key}")
+            if not names:
+                raise rd.fail(fields[key][1], f"{field}.{key}", "needs at least one intent or state")
+            for i, name in enumerate(names):
+                item, f = rd.seq(fields[key][1], field)[i], f"{field}.{key}[{i}]"
+                if name in self.intents and name in self.states:
+                    raise rd.fail(item, f, f"{name!r} is both an intent and a state: the mark is ambiguous")
+                if name not in self.intents and name not in self.states:
+                    raise rd.fail(item, f, _unknown("intent or state", name, [*self.intents, *self.states]))
+            named[key] = names
+        both = set(named.get("not_with", ())) & set(named.get("only_with", ()))
+        if both:
+            raise rd.fail(fields["only_with"][1], f"{field}.only_with",
+                          f"{sorted(both)[0]!r} is also in not_with")
+        at = None
+        if "at" in fields:
+            at = rd.string(fields["at"][1], f"{field}.at")
+            if at not in ("start", "end"):
+                raise rd.fail(fields["at"][1], f"{field}.at", f"unknown position {at!r}; known: start, end")
+        only = set(named.get("only_with", ()))
+        marked = replace(src, never=frozenset(named.get("not_with", ())),
+                         only_intents=frozenset(only & set(self.intents)),
+                         only_states=frozenset(only & set(self.states)), at=at)
+        self._sources[-1] = marked
+        return marked
 
     def _read_lists(self, raw: _Raw) -> None:
         self._first_file = next(
@@ -571,7 +707,7 @@ class LineBook:
         out: dict[str, list[_Source]] = {t: [] for t in TONES}
         for k, _knode, v in rd.mapping(node, field):
             if k in TONES:
-                out[k] = self._templates(rd, v, f"{field}.{k}")
+                out[k] = self._templates(rd, v, f"{field}.{k}", marks="part")
                 self._check_slots(out[k], slots)
         return out
 
@@ -597,10 +733,10 @@ class LineBook:
             leads = [v for k, _kn, v in rd.mapping(value, f) if k == "leads"]
             if not leads:
                 raise rd.fail(value, f"{f}.leads", "required field is missing")
-            self._leads[name] = self._templates(rd, leads[0], f"{f}.leads")
+            self._leads[name] = self._templates(rd, leads[0], f"{f}.leads", marks="fit")
             self._check_slots(self._leads[name], self._state_slots[name])
             codas = [v for k, _kn, v in rd.mapping(value, f) if k == "codas"]
-            self._codas[name] = self._templates(rd, codas[0], f"{f}.codas") if codas else []
+            self._codas[name] = self._templates(rd, codas[0], f"{f}.codas", marks="fit") if codas else []
             self._check_slots(self._codas[name], self._state_slots[name])
         # context fragments
         self._ctx_frags: dict[tuple[str, str], dict[str, list[_Source]]] = {}
@@ -653,7 +789,7 @@ class LineBook:
                 rd.name(gkey, gf)
                 if group in self._clash:
                     raise rd.fail(gkey, gf, f"{group!r} is a reserved group name")
-                voice[group] = self._templates(rd, gnode, gf)
+                voice[group] = self._templates(rd, gnode, gf, marks="fit")
                 self._check_slots(voice[group], slots)
             self._voice[name] = voice
             if "tags" in fields:
@@ -682,7 +818,7 @@ class LineBook:
         every_intent = set.intersection(*(set(v) for v in self._intent_slots.values()))
         for rd, arch, state, _skey, snode, f in self._nested(raw, "own_lines", ("archetype", self.archetypes),
                                                              ("state", self.states)):
-            srcs = self._templates(rd, snode, f)
+            srcs = self._templates(rd, snode, f, marks="part")
             self._check_slots(srcs, self._state_slots[state] | self._arch_slots[arch] | every_intent)
             for src in srcs:
                 bad = src.refs - set(self._voice[arch])
@@ -741,7 +877,8 @@ class LineBook:
                                 f"{f}.tones",
                                 f"unknown tone {t!r}; known: {list(TONES)}",
                             )
-                self._patterns.append(_Pattern(src.template, weight, tones, src.where, src.refs))
+                self._patterns.append(_Pattern(src.template, weight, tones, src.where, src.refs,
+                                               _part_positions(src.template)))
         if not self._patterns:
             raise LineBookError(self._first_file, 1, "compose", "required section is missing")
         for tone in TONES:
@@ -843,6 +980,17 @@ class LineBook:
                                 f"voice group {ref!r} is used at {src.where.file}:{src.where.line} "
                                 f"but archetype {arch!r} does not define it"
                             )
+        # a voice group is drawn wherever it is referenced: its marks must leave every state and
+        # intent a fragment to draw
+        for arch in self.archetypes:
+            for group, srcs in self._voice[arch].items():
+                for state in self.states:
+                    for intent in self.intents:
+                        if not any(src.fits(state, intent, None) for src in srcs):
+                            raise srcs[0].where.error(
+                                f"archetypes.{arch}.voice.{group}: no entry may be drawn for state {state!r} "
+                                f"and intent {intent!r} (their not_with / only_with marks exclude every one); "
+                                "leave one that fits")
         # fragments that are drawn inside other fragments must not recurse into lead/reply
         for srcs in [*self._leads.values(), *self._codas.values(), *self._replies.values(),
                      *self._own.values()]:
@@ -1020,18 +1168,40 @@ class LineBook:
             results = [r + o for r in results for o in options][:limit]
         yield from results
 
-    def _usable(self, pattern: _Pattern, arch: str, state: str, tone: str,
+    def _fitting(self, srcs: list[_Source], state: str, intent: str, position: str | None) -> list[_Source]:
+        """The fragments of ``srcs`` whose marks let them be drawn for ``state`` and ``intent``
+        at ``position`` (:meth:`_Source.fits`); cached per list, so callers pass the book's own
+        lists."""
+        key = (id(srcs), state, intent, position)
+        hit = self._fit_cache.get(key)
+        if hit is None:
+            hit = self._fit_cache[key] = [s for s in srcs if s.fits(state, intent, position)]
+        return hit
+
+    def _usable(self, pattern: _Pattern, arch: str, state: str, intent: str, tone: str,
                 persona: tuple[str, ...], ctx: dict[str, str]) -> bool:
         """Whether every group the pattern draws has something to say for this prompt: a
-        prompt without persona gets no [mood] pattern, one without context no [ctx]."""
-        refs = pattern.refs
-        if "mood" in refs and not any(self._moods[t][tone] for t in persona):
-            return False
-        if "ctx" in refs and not any(self._ctx_frags[(k, v)][tone] for k, v in ctx.items()):
-            return False
-        if "own" in refs and not self._own.get((arch, state)):
-            return False
-        return not ("tag" in refs and not self._tags[arch][tone])
+        prompt without persona gets no [mood] pattern, one without context no [ctx], and a
+        group whose fragments' marks (not_with, only_with, at) all exclude this intent, state
+        or place in the line is not drawn either."""
+        for part, position in zip(pattern.template, pattern.positions, strict=True):
+            if isinstance(part, str) or part[0] != "ref":
+                continue
+            group = part[1]
+            if group == "mood":
+                ok = any(self._fitting(self._moods[t][tone], state, intent, position) for t in persona)
+            elif group == "ctx":
+                ok = any(self._fitting(self._ctx_frags[(k, v)][tone], state, intent, position)
+                         for k, v in ctx.items())
+            elif group == "own":
+                ok = bool(self._fitting(self._own.get((arch, state), _NO_SOURCES), state, intent, position))
+            elif group == "tag":
+                ok = bool(self._fitting(self._tags[arch][tone], state, intent, position))
+            else:
+                continue
+            if not ok:
+                return False
+        return True
 
     def lint(self) -> list[LintProblem]:
         """Lines the expansion drew and dropped as template artifacts (:func:`lint_line`, or the
@@ -1056,13 +1226,20 @@ class LineBook:
                         attempts += 1
                         persona = self._draw_persona(rng)
                         ctx = self._draw_context(rng)
-                        usable = [p for p in patterns if self._usable(p, arch, state, tone, persona, ctx)]
+                        usable = [p for p in patterns if self._usable(p, arch, state, intent, tone, persona, ctx)]
                         pattern = rng.choices(usable, weights=[p.weight for p in usable])[0]
                         env = _Env(self, arch, state, intent, tone, persona, ctx, rng)
-                        text = _normalize("".join(env.expand(pattern.template)))
+                        pieces: list[str] = []
+                        for part, position in zip(pattern.template, pattern.positions, strict=True):
+                            env.position = position
+                            pieces.append("".join(env.expand((part,))))
+                        text = _normalize("".join(pieces))
                         n_words = len(text.split())
+                        repeated = repeated_word([piece for part, piece in zip(pattern.template, pieces, strict=True)
+                                                  if not isinstance(part, str)])
                         problem = lint_line(text) or (
-                            "names the player twice" if env.addressed > 1 else None)
+                            "names the player twice" if env.addressed > 1 else None) or (
+                            f"repeats {repeated!r} across its parts" if repeated else None)
                         if problem is not None:
                             self._lint_log.append(LintProblem(
                                 text, problem, tuple(f"{w.file}:{w.line}" for w in
@@ -1229,6 +1406,7 @@ class _Env:
         "ctx",
         "intent",
         "persona",
+        "position",
         "rng",
         "sources",
         "state",
@@ -1254,6 +1432,7 @@ class _Env:
         self.used: set[int] = set()
         self.addressed = 0  # how often the line names the player ({player} or [address])
         self.sources: list[_Source] = []
+        self.position: str | None = None  # where the part being expanded sits (_part_positions)
 
     def expand(self, template: _Template) -> list[str]:
         out: list[str] = []
@@ -1271,32 +1450,38 @@ class _Env:
                 src = self._pick(value)
                 if src is not None:
                     self.sources.append(src)
+                    # a group inside a fragment is not a part of the line: no position
+                    position, self.position = self.position, None
                     out.extend(self.expand(src.template))
+                    self.position = position
         return out
+
+    def _fit(self, srcs: list[_Source]) -> list[_Source]:
+        return self.book._fitting(srcs, self.state, self.intent, self.position)
 
     def _pick(self, group: str) -> _Source | None:
         book, rng = self.book, self.rng
         options: Sequence[_Source]
         if group == "lead":
-            options = book._leads[self.state]
+            options = self._fit(book._leads[self.state])
         elif group == "coda":
-            options = book._codas[self.state]
+            options = self._fit(book._codas[self.state])
         elif group == "reply":
             options = book._replies[(self.state, self.intent)]
         elif group == "tag":
-            options = book._tags[self.arch][self.tone]
+            options = self._fit(book._tags[self.arch][self.tone])
         elif group == "own":
-            options = book._own.get((self.arch, self.state), [])
+            options = self._fit(book._own.get((self.arch, self.state), _NO_SOURCES))
         elif group == "mood":
-            options = [s for t in self.persona for s in book._moods[t][self.tone]]
+            options = [s for t in self.persona for s in self._fit(book._moods[t][self.tone])]
         elif group == "ctx":
-            slots = [s for s in self.ctx if book._ctx_frags[(s, self.ctx[s])][self.tone]]
+            slots = [s for s in self.ctx if self._fit(book._ctx_frags[(s, self.ctx[s])][self.tone])]
             if not slots:
                 return None
             slot = rng.choice(slots)
-            options = book._ctx_frags[(slot, self.ctx[slot])][self.tone]
+            options = self._fit(book._ctx_frags[(slot, self.ctx[slot])][self.tone])
         elif group in book.context:
-            options = book._ctx_frags[(group, self.ctx[group])][self.tone]
+            options = self._fit(book._ctx_frags[(group, self.ctx[group])][self.tone])
         elif group in book._phrases:
             # no phrase twice in one line
             options = book._phrases[group]
@@ -1310,7 +1495,8 @@ class _Env:
             # one address / place / ... per line: a speaker does not switch names mid-line
             self.addressed += group == "address"
             if group not in self.voice:
-                self.voice[group] = rng.choice(book._voice[self.arch][group])
+                self.voice[group] = rng.choice(self.book._fitting(book._voice[self.arch][group], self.state,
+                                                                  self.intent, None))
             return self.voice[group]
         return rng.choice(options) if options else None
 
