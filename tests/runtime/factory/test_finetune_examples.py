@@ -77,3 +77,53 @@ def test_unseen_trigrams_flags_a_line_that_joins_two_known_pairs_into_a_new_phra
     assert out["2"] == {"lines": 2, "with_unseen_trigram": 0, "examples": []}  # a book phrase is known
     assert out["0"] == {"lines": 1, "with_unseen_trigram": 1, "examples": ["Ask the lantern."]}  # the fallback not counted
     assert out["1"]["lines"] == 0
+
+
+
+def _eval_report(seed: int, fidelity_heldout: float, cells: dict[str, tuple[int, float]],
+                 fast: bool = True) -> dict[str, object]:
+    """A minimal ``flashnpc eval --json`` report: one side per shape, ``cells`` shape -> (lines,
+    archetype_accuracy)."""
+    return {"config": {"seed": seed, "writer_samples": 70 if fast else 300},
+            "figures": {"fidelity_seen": 1.0, "fidelity_heldout": fidelity_heldout, "distinct2": 0.4, "novelty": 0.9},
+            "writer": {"thresholds": {"archetype_accuracy": {"min": 0.3}},
+                       "cells": {shape: {"seen": {"lines": n, "model": {"archetype_accuracy": acc}}}
+                                 for shape, (n, acc) in cells.items()}}}
+
+
+def test_compare_eval_pools_seeds_by_lines_and_reports_the_base_seed_spread():
+    compare = load("compare_eval").compare
+    base = [_eval_report(0, 0.98, {"full": (70, 0.30), "ctx0": (30, 0.20)}),
+            _eval_report(1, 0.96, {"full": (70, 0.26), "ctx0": (30, 0.30)})]
+    tuned = [_eval_report(0, 0.96, {"full": (70, 0.25), "ctx0": (30, 0.25)})]
+    rows = {r["measure"]: r for r in compare(base, tuned)}
+    arch = rows["writer archetype_accuracy"]
+    # pooled over both seeds, lines-weighted: (70 * .30 + 30 * .20 + 70 * .26 + 30 * .30) / 200
+    assert arch["base"] == pytest.approx(27.1) and arch["tuned"] == pytest.approx(25.0)
+    assert arch["delta"] == pytest.approx(-2.1) and arch["regressed"]
+    assert arch["spread"] == pytest.approx(0.2)  # seed 0 pools to 27.0, seed 1 to 27.2
+    held = rows["fidelity_heldout"]  # the eval's headline figure: the mean over the seeds
+    assert held["base"] == pytest.approx(97.0) and held["spread"] == pytest.approx(2.0)
+    assert held["delta"] == pytest.approx(-1.0) and not held["regressed"]
+
+
+def test_compare_eval_of_one_report_each_has_no_spread():
+    compare = load("compare_eval").compare
+    rows = compare(_eval_report(0, 0.98, {"full": (70, 0.30)}), _eval_report(0, 0.98, {"full": (70, 0.30)}))
+    assert rows and all(r["spread"] is None and r["delta"] == 0 and not r["regressed"] for r in rows)
+
+
+def test_compare_eval_refuses_to_pool_evals_run_with_different_flags(tmp_path):
+    module = load("compare_eval")
+    fast, full = _eval_report(0, 0.98, {"full": (70, 0.3)}), _eval_report(1, 0.98, {"full": (70, 0.3)}, fast=False)
+    with pytest.raises(ValueError, match="different flags"):
+        module.compare([fast, full], [fast])
+    paths = []
+    for name, report in (("a", fast), ("b", fast), ("c", full)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(report))
+    with pytest.raises(SystemExit, match="different flags"):
+        module.main([str(paths[0]), str(paths[1]), "--also-tuned", str(paths[2])])
+    (tmp_path / "bad.json").write_text("[1]")
+    with pytest.raises(SystemExit, match=r"bad\.json: not a `flashnpc eval --json` report"):
+        module.main([str(paths[0]), str(tmp_path / "bad.json")])
