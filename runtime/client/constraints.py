@@ -80,6 +80,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from runtime.client.trigrams import TrigramTable
 from runtime.paths import DEFAULT_MODEL_DIR
 
 if TYPE_CHECKING:
@@ -1771,6 +1772,8 @@ class Constraints:
     that makes a request's tags audible (:meth:`WordConstraint.voice_bonus`; None: none).
     ``bigrams``: which words may follow which inside a sentence piece
     (:class:`runtime.client.bigrams.BigramTable`, ``bigrams`` in the file; None: no such rule).
+    ``trigrams``: which word trigrams a finished line may hold
+    (:class:`runtime.client.trigrams.TrigramTable`, ``trigrams`` in the file; None: no such check).
     """
 
     banned_words: list[str]
@@ -1780,6 +1783,7 @@ class Constraints:
     slot_defaults: Mapping[str, str] | None = None  # what a line says for a slot the game left unfilled
     voice: Mapping[str, float] | None = None  # the voice bonus (WordConstraint.voice_bonus), by kind
     bigrams: BigramTable | None = None  # the book's word bigrams (runtime.client.bigrams)
+    trigrams: TrigramTable | None = None  # the book's word trigrams (runtime.client.trigrams)
 
     def word_constraint(self, tokenizer: Tokenizer, **options: Any) -> WordConstraint:
         """The token masks these constraints make for ``tokenizer`` (options: :class:`WordConstraint`'s)."""
@@ -1804,6 +1808,8 @@ class Constraints:
             data["voice_bonus"] = dict(self.voice)
         if self.bigrams is not None:
             data["bigrams"] = self.bigrams.to_json()
+        if self.trigrams is not None:
+            data["trigrams"] = self.trigrams.to_json()
         return data
 
     @classmethod
@@ -1844,7 +1850,8 @@ class Constraints:
         if data.get("bigrams") is not None:
             from runtime.client.bigrams import table_of
             bigrams = table_of(data, vocabulary, slot_rules.slots)
-        return cls(list(banned), slot_rules, vocabulary, signatures, defaults, voice, bigrams)
+        trigrams = None if data.get("trigrams") is None else TrigramTable.from_json(data["trigrams"])
+        return cls(list(banned), slot_rules, vocabulary, signatures, defaults, voice, bigrams, trigrams)
 
 
 VETO = 0.5

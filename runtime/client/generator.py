@@ -79,6 +79,7 @@ from runtime.client.onnx_model import DEFAULT_MODEL_DIR, FlashOnnx, decode_rows
 from runtime.client.prefix_cache import PrefixCache
 from runtime.client.sampling import sample_next
 from runtime.client.signature import PublicKey
+from runtime.client.trigrams import TrigramTable, tokens_through
 from runtime.tokenizer import check_request
 
 log = logging.getLogger("flashnpc.runtime")
@@ -195,6 +196,8 @@ class _Row:
     cut: int = -1  # character index of a stop string in the decoded text
     hit: bool = False
     vetoed: bool = False  # the sample was abandoned (runtime.client.constraints.vetoed)
+    checked: int = 0  # characters of the decoded text whose trigrams were checked (LineGenerator.trigrams)
+    redraw_at: int | None = None  # a trigram stop: the tokens up to the one that completed it
 
 
 def _percentile(values: Sequence[float], q: float) -> float | None:
@@ -231,7 +234,11 @@ class LineGenerator:
     (``constraints.json``'s ``voice_bonus`` when loaded): the logit bonus that makes the tags it
     asked for audible (:meth:`runtime.client.constraints.WordConstraint.voice_bonus`). ``bigrams``
     (``constraints.json``'s ``bigrams`` when loaded; :class:`runtime.client.bigrams.BigramTable`):
-    words inside a sentence piece only follow the words the book has them follow.
+    words inside a sentence piece only follow the words the book has them follow. ``trigrams``
+    (``constraints.json``'s ``trigrams`` when loaded; :class:`runtime.client.trigrams.TrigramTable`):
+    a sample stops the moment its text holds a word trigram the book never says (a word is
+    judged once complete, before a stream shows it) and is drawn again from the sentence before
+    it, as a veto is (``max_resamples``, then a fallback).
     """
 
     def __init__(self, model: FlashOnnx | None, *, catalog: Mapping[str, Any], fallbacks: FallbackBook,
@@ -241,7 +248,8 @@ class LineGenerator:
                  name: str = "flash", temperature: float = 0.8, top_p: float = 0.95, top_k: int = 0,
                  repeat_window: int = 8, max_resamples: int = 2, workers: int = 1,
                  slot_defaults: Mapping[str, str] | None = None, min_mean_logprob: float | None = -5.0,
-                 voice: Mapping[str, float] | None = None, bigrams: BigramTable | None = None) -> None:
+                 voice: Mapping[str, float] | None = None, bigrams: BigramTable | None = None,
+                 trigrams: TrigramTable | None = None) -> None:
         check_sampling(temperature, top_k, top_p, 1)
         if max_resamples < 0 or workers < 1:
             raise ValueError(f"max_resamples must be >= 0 and workers >= 1, got {max_resamples}, {workers}")
@@ -258,6 +266,7 @@ class LineGenerator:
         self.workers = workers
         self.slot_defaults = dict(slot_defaults or {})
         self.use_prefix_cache = use_prefix_cache
+        self.trigrams = trigrams
         self.memory = RepeatMemory(repeat_window)
         self.metrics = EngineMetrics(name)
         self.metrics_registry = self.metrics.registry
@@ -340,6 +349,7 @@ class LineGenerator:
         options.setdefault("slot_defaults", cons.slot_defaults)
         options.setdefault("voice", cons.voice)
         options.setdefault("bigrams", cons.bigrams)
+        options.setdefault("trigrams", cons.trigrams)
         gen = cls(model, catalog=catalog, fallbacks=fallbacks, banned_words=cons.banned_words,
                   slot_rules=cons.slot_rules, vocabulary=cons.vocabulary, signatures=cons.signatures,
                   prefix_cache=cache, **options)
@@ -687,12 +697,18 @@ class LineGenerator:
         reason = "unusable"
         row = first
         why: str | None = None
+        gate = _StreamGate(self, prep) if stream else None
         for attempt in range(self.max_resamples + 1):
-            gate = _StreamGate(self, prep) if stream else None
             if not (first is not None and attempt == 0):
                 seed = prep.seed if attempt == 0 else [prep.seed, attempt]
                 # a sample the constraints stopped is drawn again from its last sentence end
-                keep = restart_point(row.states) if row is not None and why == "blocked" else 0
+                # (a trigram stop: the last one before the trigram), a stream from no earlier
+                # than what it has shown
+                keep = 0
+                if row is not None and why == "blocked":
+                    keep = restart_point(row.states if row.redraw_at is None else row.states[:row.redraw_at])
+                    if gate is not None and gate.shown:
+                        keep = max(keep, tokens_through(self.tokenizer, row.tokens, gate.shown_upto))
                 row = self._resumed_row(row, keep, seed) if row is not None and keep else self._new_row(prep, seed)
                 try:
                     for _tok in self._decode([row], cancelled=cancelled):
@@ -712,6 +728,11 @@ class LineGenerator:
             if row.finish == "deadline" and not shown:
                 yield from self._yield_fallback(prep, "deadline", row, stream)
                 return
+            if shown and row.finish == "blocked" and attempt < self.max_resamples:
+                why = "blocked"  # a stream goes on from what it has shown, with another sample
+                with self._stats_lock:
+                    self._counts["resamples"] += 1
+                continue
             line, why = self._finish(row, attempt + 1, shown=bool(shown))
             if line is not None:
                 if stream and line.text[len(shown):]:
@@ -723,11 +744,11 @@ class LineGenerator:
                 break
             with self._stats_lock:
                 self._counts["resamples"] += 1
-        yield from self._yield_fallback(prep, reason, row, stream)
+        yield from self._yield_fallback(prep, reason, row, stream, attempts=attempt + 1)
 
     def _yield_fallback(self, prep: _Prepared, reason: str, row: _Row | None,
-                        stream: bool) -> Iterator[str | Line]:
-        line = self._fallback(prep, reason, row)
+                        stream: bool, attempts: int | None = None) -> Iterator[str | Line]:
+        line = self._fallback(prep, reason, row, attempts)
         if stream:
             yield line.text
         yield line
@@ -766,7 +787,7 @@ class LineGenerator:
         return Line("", tuple(row.tokens), self._ms(prep.t0), None, row.hit, True, self.active_params_pct, None,
                     "cancelled", "fallback", "", prep.seed, 1)
 
-    def _fallback(self, prep: _Prepared, reason: str, row: _Row | None = None) -> Line:
+    def _fallback(self, prep: _Prepared, reason: str, row: _Row | None = None, attempts: int | None = None) -> Line:
         """An authored line for the request (its archetype, state and intent:
         :meth:`FallbackBook.pick`), recorded in the metrics."""
         rng = np.random.default_rng([prep.seed, 7919])
@@ -774,7 +795,7 @@ class LineGenerator:
         line = Line(text, (), self._ms(prep.t0),
                     None if row is None or row.ttft is None else (row.ttft - prep.t0) * 1e3,
                     bool(row is not None and row.hit), True, self.active_params_pct, None, reason,
-                    "fallback", text, prep.seed, 0 if row is None else 1)
+                    "fallback", text, prep.seed, (0 if row is None else 1) if attempts is None else attempts)
         self._record(line, tokens=0 if row is None else len(row.tokens))
         return line
 
@@ -978,11 +999,15 @@ class LineGenerator:
                 return None, False
             if tok is None or tok == eos:
                 r.finish = "eos"
+                if self.trigrams is not None:
+                    self._trigram_stop(r, final=True)
                 return None, False
             r.tokens.append(tok)
             r.scored.append(row_logits)
             r.state = self.mask.step(r.state, tok)
             r.states.append(r.state)
+            if self.trigrams is not None and self._trigram_stop(r, final=False):
+                return None, False
             if r.prep.req.stop:
                 cut = stop_index(self.tokenizer.decode(r.tokens), r.prep.req.stop)
                 if cut >= 0:
@@ -1003,6 +1028,24 @@ class LineGenerator:
                                    next_pos=None if mask is None else next_pos, on_step=on_step):
             if single:
                 yield tok
+
+    def _trigram_stop(self, r: _Row, *, final: bool) -> bool:
+        """Stop ``r`` as ``blocked`` if its text now holds a trigram :attr:`trigrams` lacks: its
+        complete words (``final``: all of it, the line's end included) past ``r.checked``."""
+        assert self.trigrams is not None
+        text = self.tokenizer.decode(r.tokens)
+        if not final:
+            text = settled_text(text)
+            if len(text) <= r.checked:
+                return False
+        hit = self.trigrams.first_unseen(text, after=r.checked, final=final)
+        r.checked = len(text) if final else TrigramTable.checked_to(text)
+        if hit is None:
+            return False
+        _tri, cut, end = hit
+        r.finish, r.cut = "blocked", cut
+        r.redraw_at = tokens_through(self.tokenizer, r.tokens, end)
+        return True
 
     def _sample(self, r: _Row, logits: np.ndarray, eos: int) -> int | None:
         """Sample the next token of ``r`` with its masks applied (None if every token is blocked)."""
@@ -1048,6 +1091,7 @@ class _StreamGate:
         self.gen = gen
         self.prep = prep
         self.shown = ""
+        self.shown_upto = 0  # how far into the row's decoded text ``shown`` reaches
         self.recent = gen.memory.recent(prep.memory_key)
         self.hold = max((len(s) for s in prep.req.stop), default=1) - 1
 
@@ -1057,6 +1101,7 @@ class _StreamGate:
             raw = raw[: max(0, len(raw) - self.hold)]
         if row.finish is None:  # a word still being spelled shows once it is complete
             raw = settled_text(raw)
+        upto = len(raw)
         raw = raw.rstrip("\ufffd").replace("\ufffd", "").lstrip().rstrip()
         if not self.shown:
             if usable(raw) is not None:
@@ -1067,7 +1112,7 @@ class _StreamGate:
         text = fill_slots(raw, self.prep.slot_values)
         if len(text) <= len(self.shown):
             return ""
-        piece, self.shown = text[len(self.shown):], text
+        piece, self.shown, self.shown_upto = text[len(self.shown):], text, upto
         return piece
 
 

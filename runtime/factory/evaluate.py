@@ -40,6 +40,7 @@ from runtime.client.constraints import (
     settled_text,
 )
 from runtime.client.onnx_model import FlashOnnx
+from runtime.client.trigrams import tokens_through
 from runtime.factory.linebook import Example, LineBook, load_line_book
 from runtime.factory.state_classifier import NgramClassifier
 from runtime.factory.text_metrics import banned_hits, distinct_n, novelty, slot_violations
@@ -111,9 +112,12 @@ class Sampler:
         if voice is None and model.root is not None:
             voice = read_constraints(model.root).voice
         bigrams = None  # the book's word bigrams, where the model directory's constraints ship them
-        if model.root is not None and read_constraints(model.root).bigrams is not None:
+        shipped = read_constraints(model.root) if model.root is not None else None
+        if shipped is not None and shipped.bigrams is not None:
             from runtime.factory.export import book_bigrams
             bigrams = book_bigrams(book)
+        #: the model directory's word trigrams, checked on every finished line as the engine does
+        self.trigrams = None if shipped is None else shipped.trigrams
         self.words = WordConstraint(book.banned_words, tok, vocabulary=book.vocabulary(),
                                     signatures=book.signatures(), voice=voice, bigrams=bigrams)
         self._control = [i for i in range(tok.vocab_size) if tok.is_control(i) and i != tok.eos_id]
@@ -135,6 +139,15 @@ class Sampler:
             state = self.words.step(state, t)
             out.append(state)
         return out
+
+    def _trigram_stop(self, ids: Sequence[int]) -> int | None:
+        """With :attr:`trigrams`: where a finished line with a trigram the table lacks stops (the
+        tokens through the one that completes it, as the engine counts them), else None."""
+        if self.trigrams is None:
+            return None
+        tok = self.model.tokenizer
+        hit = self.trigrams.first_unseen(tok.decode(ids))
+        return None if hit is None else tokens_through(tok, ids, hit[2])
 
     def sample(self, requests: Sequence[Request], seed: int) -> list[str]:
         tok = self.model.tokenizer
@@ -168,9 +181,11 @@ class Sampler:
                     got[j], stopped[j] = ids[todo[j]][:kept] + x, flag
             for k, x in zip(todo, got):
                 ids[k] = x
-            todo = [k for k, flag in zip(todo, stopped) if flag]
+            # a line holding a trigram the book never says is drawn again from the sentence before it
+            upto = {k: self._trigram_stop(ids[k]) for k, flag in zip(todo, stopped) if not flag}
+            todo = [k for k, flag in zip(todo, stopped) if flag or upto[k] is not None]
             for k in todo:
-                keep[k] = restart_point(self.states(ids[k]), fresh=True)
+                keep[k] = restart_point(self.states(ids[k][:upto.get(k) or len(ids[k])]), fresh=True)
             if not todo:
                 break
         texts = [tok.decode(x) for x in ids]

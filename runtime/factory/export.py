@@ -61,6 +61,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 if TYPE_CHECKING:
     from runtime.client.bigrams import BigramTable
+    from runtime.client.trigrams import TrigramTable
     from runtime.factory.linebook import LineBook
 
 OPSET = 17
@@ -601,6 +602,10 @@ SHIP_BIGRAMS = True
 default. On since the shipped ``runtime/assets/flash/constraints.json`` was re-derived with them
 (the export writes what ships; docs/model.md, "Decoding")."""
 
+SHIP_TRIGRAMS = True
+"""Whether :func:`write_constraints` writes the book's word trigrams by default
+(:mod:`runtime.client.trigrams`: a finished line with a trigram the book never says is drawn again)."""
+
 
 def book_lines(book: LineBook) -> list[str]:
     """Every line the vocabulary and the word bigrams come from: each expanded example's text,
@@ -622,8 +627,16 @@ def book_bigrams(book: LineBook) -> BigramTable:
     return BigramTable.from_texts(book_lines(book), book.vocabulary(), book.slots)
 
 
+def book_trigrams(book: LineBook) -> TrigramTable:
+    """The line book's word trigrams (:class:`runtime.client.trigrams.TrigramTable`) over the
+    same lines as :func:`book_bigrams` (:func:`book_lines`)."""
+    from runtime.client.trigrams import TrigramTable
+
+    return TrigramTable.from_texts(book_lines(book))
+
+
 def write_constraints(path: Path, voice: dict[str, float] | None = None, *,
-                      bigrams: bool | None = None) -> dict[str, Any]:
+                      bigrams: bool | None = None, trigrams: bool | None = None) -> dict[str, Any]:
     """constraints.json (the format :func:`runtime.client.constraints.read_constraints` reads): the
     default line book's banned words and slot rules, its vocabulary (every word its lines and
     fallbacks say) and its signatures (the phrases that voice one archetype, persona trait or
@@ -631,10 +644,13 @@ def write_constraints(path: Path, voice: dict[str, float] | None = None, *,
     (``voice``, default :data:`VOICE_BONUS`; ``{}`` for none) that makes a request's tags audible
     with those signatures. ``bigrams`` (default :data:`SHIP_BIGRAMS`): also the book's word
     bigrams (:func:`book_bigrams`, under the key ``bigrams``), which keep a line from joining two
-    words the book never joins.
+    words the book never joins. ``trigrams`` (default :data:`SHIP_TRIGRAMS`): also the word
+    trigrams of the same lines (:class:`runtime.client.trigrams.TrigramTable`, under the key
+    ``trigrams``), which refuse a line that strings three words together where the book never does.
 
-    Returns what was written: ``{"bytes": file size, "bigrams": {"pairs", "starts", "bytes"}}``
-    (the last only with ``bigrams``; its ``bytes`` the key's share of the file)."""
+    Returns what was written: ``{"bytes": file size, "bigrams": {"pairs", "starts", "bytes"},
+    "trigrams": {"trigrams", "bytes", "false_positive_rate"}}`` (each of the last two only when
+    written; ``bytes`` the key's share of the file)."""
     from dataclasses import replace
 
     from runtime.factory.linebook import book_constraints, load_line_book
@@ -643,7 +659,8 @@ def write_constraints(path: Path, voice: dict[str, float] | None = None, *,
     cons = replace(book_constraints(), vocabulary=tuple(book.vocabulary()),
                    signatures={tag: tuple(p) for tag, p in book.signatures().items()},
                    voice=dict(VOICE_BONUS if voice is None else voice) or None,
-                   bigrams=book_bigrams(book) if (SHIP_BIGRAMS if bigrams is None else bigrams) else None)
+                   bigrams=book_bigrams(book) if (SHIP_BIGRAMS if bigrams is None else bigrams) else None,
+                   trigrams=book_trigrams(book) if (SHIP_TRIGRAMS if trigrams is None else trigrams) else None)
     doc = cons.to_json()
     text = json.dumps(doc, ensure_ascii=False, separators=(",", ":")) + "\n"
     path.write_text(text)
@@ -652,10 +669,13 @@ def write_constraints(path: Path, voice: dict[str, float] | None = None, *,
         table = cons.bigrams
         info["bigrams"] = {"pairs": len(table.successors), "starts": len(table.starts),
                            "bytes": len(json.dumps(doc["bigrams"], separators=(",", ":")))}
+    if cons.trigrams is not None:
+        info["trigrams"] = {"trigrams": cons.trigrams.n, "false_positive_rate": round(cons.trigrams.false_positive_rate, 4),
+                            "bytes": len(json.dumps(doc["trigrams"], separators=(",", ":")))}
     return info
 
 
-__all__ = ["EMBEDDINGS", "EXPORT_STAGES", "MAX_INT4_BYTES", "MOE_VARIANTS", "OPSET", "SHIP_BIGRAMS", "VOICE_BONUS", "ExportError",
+__all__ = ["EMBEDDINGS", "EXPORT_STAGES", "MAX_INT4_BYTES", "MOE_VARIANTS", "OPSET", "SHIP_BIGRAMS", "SHIP_TRIGRAMS", "VOICE_BONUS", "ExportError",
            "ExportOptions",
-           "book_bigrams", "book_lines", "build_moe_block", "build_onnx", "export_checkpoint", "io_signature", "load_checkpoint",
+           "book_bigrams", "book_lines", "book_trigrams", "build_moe_block", "build_onnx", "export_checkpoint", "io_signature", "load_checkpoint",
            "quantize_pack_int4", "save_model", "unpack_int4", "write_constraints", "write_fallbacks"]

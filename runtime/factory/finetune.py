@@ -674,7 +674,8 @@ def extend_constraints(cons: Mapping[str, Any], lines: Sequence[StudioLine], cat
     signatures (:func:`studio_signatures`) join them, so a new context value or archetype is
     refused where the request did not ask for it; new archetypes get slot rules (the slots
     their lines use); where the base ships word bigrams, the studio's join them
-    (:func:`extend_bigrams`). ``signatures_dropped`` / ``signatures_added`` (popped by the
+    (:func:`extend_bigrams`), and likewise its word trigrams
+    (:meth:`runtime.client.trigrams.TrigramTable.with_texts`). ``signatures_dropped`` / ``signatures_added`` (popped by the
     caller) report what changed."""
     from runtime.factory.text_metrics import SignatureIndex
 
@@ -703,6 +704,10 @@ def extend_constraints(cons: Mapping[str, Any], lines: Sequence[StudioLine], cat
         out["signatures"] = dict(sorted(sigs.items()))
     if out.get("bigrams") is not None:
         out["bigrams"] = extend_bigrams(cons, [line.text for line in lines], out["vocabulary"]).to_json()
+    if out.get("trigrams") is not None:
+        from runtime.client.trigrams import TrigramTable
+
+        out["trigrams"] = TrigramTable.from_json(cons["trigrams"]).with_texts(line.text for line in lines).to_json()
     rules = out["slot_rules"]["archetype"]
     for arch in catalog["archetypes"]:
         if arch not in rules:

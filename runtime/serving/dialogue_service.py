@@ -81,6 +81,7 @@ from runtime.client.constraints import (
 from runtime.client.fallback import FallbackBook
 from runtime.client.generator import active_params_percent
 from runtime.client.metrics import EngineMetrics
+from runtime.client.trigrams import TrigramTable
 from runtime.serving.batched_engine import BatchedEngine, GenRequest, GenResult, Handle
 from runtime.serving.block_cache import TIERS
 
@@ -393,7 +394,7 @@ class DialogueService(StartClose):
                  max_tokens: int = 48, temperature: float = 0.8, top_k: int = 50, top_p: float = 0.95,
                  repeat_window: int = 8, max_resamples: int = 1, min_mean_logprob: float | None = -5.0,
                  name: str = "flash", cpu_threads: int | None = 1, warm_up: bool = True,
-                 prefix_window: PrefixHitWindow | None = None) -> None:
+                 prefix_window: PrefixHitWindow | None = None, trigrams: TrigramTable | None = None) -> None:
         if max_queue < 0 or max_sessions < 1 or default_deadline_ms <= 0:
             raise ValueError("DialogueService: need max_queue >= 0, max_sessions >= 1, default_deadline_ms > 0")
         self.engine = engine
@@ -404,6 +405,7 @@ class DialogueService(StartClose):
         self.fallbacks = fallbacks
         self.slot_rules = slot_rules
         self.slot_defaults = dict(slot_defaults or {})
+        self.trigrams = trigrams  # a line with a word trigram the book never says is drawn again
         self.max_queue, self.max_sessions = max_queue, max_sessions
         self.default_deadline_ms = default_deadline_ms
         self.latency_budget_ms = latency_budget_ms
@@ -474,7 +476,7 @@ class DialogueService(StartClose):
         fb = Path(root if model_dir is not None else DEFAULT_MODEL_DIR) / "fallbacks.json"
         fallbacks = FallbackBook.from_json(fb) if fb.is_file() else FallbackBook.shipped()
         return cls(batched, fallbacks=fallbacks, catalog=tok.catalog, slot_rules=cons.slot_rules,
-                   slot_defaults=cons.slot_defaults, solo_engine=solo,
+                   slot_defaults=cons.slot_defaults, solo_engine=solo, trigrams=cons.trigrams,
                    **options)
 
     # ------------------------------------------------------------ lifecycle
@@ -770,12 +772,13 @@ class DialogueService(StartClose):
                 continue
             guessing = (self.min_mean_logprob is not None and res.mean_logprob is not None
                         and res.mean_logprob < self.min_mean_logprob)
-            why = "unusable" if usable(raw) is not None or guessing or res.finish == "blocked" else None
+            stitched = self.trigrams is not None and self.trigrams.first_unseen(raw) is not None
+            why = "unusable" if usable(raw) is not None or guessing or res.finish == "blocked" or stitched else None
             if why is None and self.memory.said_recently(p.session.npc_id, raw):
                 why = "repeat"
             if why is None:
                 self._finish_line(p, raw, tuple(res.tokens), res.finish, res, p.attempt + 1)
-            elif ((why == "repeat" or res.finish == "blocked") and p.attempt < self.max_resamples
+            elif ((why == "repeat" or res.finish == "blocked" or stitched) and p.attempt < self.max_resamples
                   and time.perf_counter() < p.deadline):
                 p.attempt += 1
                 self._submit(p)

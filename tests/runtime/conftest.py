@@ -18,11 +18,11 @@ from tests.runtime.factory.test_export_fixtures import tiny_config, tiny_model
 
 
 def build_tiny_model_dir(root: Path, *, seed: int = 0, vocab_size: int = 512, block_size: int = 64,
-                         bigrams: bool = False) -> Path:
+                         bigrams: bool = False, trigrams: bool = False) -> Path:
     """Export a seeded random tiny model with a line-book tokenizer to ``root/flash``. Without
-    the book's word bigrams by default: a random model under them falls back on nearly every
-    line, and these models test the engine's mechanics (tests/runtime/client/test_bigrams*.py
-    test the bigrams on the shipped model)."""
+    the book's word bigrams and trigrams by default: a random model under them falls back on
+    nearly every line, and these models test the engine's mechanics (tests/runtime/client/test_bigrams*.py
+    and test_trigrams.py test them on the shipped model)."""
     import torch
 
     from runtime.factory.export import export_checkpoint, write_constraints
@@ -40,7 +40,7 @@ def build_tiny_model_dir(root: Path, *, seed: int = 0, vocab_size: int = 512, bl
     (ckpt / "config.json").write_text(json.dumps(asdict(model.config)))
     (ckpt / "catalog.json").write_text(json.dumps(catalog))
     tok.save(ckpt / "tokenizer.json")
-    write_constraints(ckpt / "constraints.json", bigrams=bigrams)  # the export copies it
+    write_constraints(ckpt / "constraints.json", bigrams=bigrams, trigrams=trigrams)  # the export copies it
     export_checkpoint(ckpt, root / "flash")
     return root / "flash"
 

@@ -96,4 +96,4 @@ def test_the_pinned_lines_exercise_redraws_fallbacks_and_every_budget(pinned: li
 if __name__ == "__main__":
     if sys.argv[1:] != ["--write"]:
         raise SystemExit("usage: python -m tests.runtime.client.test_pinned_lines --write")
-    FIXTURE.write_text(json.dumps({"commit": "52ea119 + bigrams", "lines": generate_pinned(LineGenerator.load())}) + "\n")
+    FIXTURE.write_text(json.dumps({"commit": "52ea119 + bigrams + trigrams", "lines": generate_pinned(LineGenerator.load())}) + "\n")
