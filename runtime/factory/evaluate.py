@@ -98,7 +98,9 @@ class Sampler:
     count still measures the model where the vocabulary allows them. The voice bonus is
     ``voice``, else ``cfg.voice``, else the model directory's (``constraints.json``), as the
     engine loads it; ``{}`` for none. Where the model directory's ``constraints.json`` ships word
-    bigrams, the book's (:func:`runtime.factory.export.book_bigrams`) mask every step too.
+    bigrams, the book's (:func:`runtime.factory.export.book_bigrams`) mask every step too. Where
+    it ships word trigrams (:mod:`runtime.client.trigrams`), a finished line holding one the
+    table lacks is drawn again from the sentence before it, as the engine does.
     """
 
     def __init__(self, model: FlashOnnx, cfg: EvalConfig, book: LineBook,
