@@ -15,7 +15,10 @@ Peers (all LineGenerator, same weights):
   no text rules    the same, with the word constraints but without their text rules (punctuation,
                    case, doubled words: WordConstraint(text_rules=False)): their cost on its own
   no word cons.    the same, with the static banned words only (no vocabulary, no signatures, no
-                   text rules): the cost of the word constraints is the ratio of the first and this
+                   text rules, no word trigrams): the cost of the word constraints is the ratio of the
+                   first and this
+  no trigrams      the same word constraints without the word trigram check (when the model ships
+                   them, runtime.client.trigrams): its cost on its own, redraws included
   no voice bonus   the same word constraints without the voice bonus (voice={}): its cost on its own
   bigrams / no bigrams  the same word constraints with the line book's word bigrams (derived from the
                    default book when the model ships none) / without them (when it ships them): their cost
@@ -266,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         opts = {"min_mean_logprob": None} if args.accept_gibberish else {}
         base = LineGenerator.load(args.model, **opts)
-        plain = LineGenerator.load(args.model, **opts)
+        plain = LineGenerator.load(args.model, **opts, trigrams=None)
         plain.mask = WordConstraint(plain.banned_words, plain.tokenizer, text_rules=False)  # banned words only
         plain.mask.precompute()
         loose = LineGenerator.load(args.model, **opts)
@@ -275,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         mute = LineGenerator.load(args.model, **opts, voice={})  # the word constraints without the voice bonus
         peers = [Peer("int4 sparse", base), Peer("no text rules", loose), Peer("no word cons.", plain),
                  Peer("no voice bonus", mute)]
+        if read_constraints(args.model).trigrams is not None:  # the book's word trigrams: their cost alone
+            peers.append(Peer("no trigrams", LineGenerator.load(args.model, **opts, trigrams=None)))
         if read_constraints(args.model).bigrams is not None:  # the book's word bigrams: with / without
             paired = (base, LineGenerator.load(args.model, **opts, bigrams=None))
             peers.append(Peer("no bigrams", paired[1]))
