@@ -7,9 +7,11 @@ own test and held-out lines, and distinct-2 over 50 of its lines per condition. 
 other compose weights) to compare them in one run. Per book: an n-gram classifier
 (``runtime.factory.state_classifier.NgramClassifier``, as ``flashnpc eval`` trains it) fitted on
 the book's training lines, its accuracy on up to ``--lines`` test lines and held-out-pair lines
-(seeded pick), and the mean distinct-2 of 50 lines drawn per (archetype, state, intent) — the
+(seeded pick), the mean distinct-2 of 50 lines drawn per (archetype, state, intent) — the
 ceiling the model's "distinct-2 within 50 seeds" and "archetype classifier" figures are read
-against (docs/model.md).
+against (docs/model.md) — and how often a line voices a requested persona trait / context value
+(a signature of it, as ``flashnpc eval``'s writer table counts the book's own lines) over
+``--lines`` lines of every shape (seeded pick), prompts without one not counted.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import numpy as np
 
 from runtime.factory.linebook import load_line_book
 from runtime.factory.state_classifier import NgramClassifier
-from runtime.factory.text_metrics import distinct_n
+from runtime.factory.text_metrics import SignatureIndex, distinct_n
 
 
 def measure(book_path: str | None, lines: int, seed: int) -> dict[str, float]:
@@ -43,6 +45,14 @@ def measure(book_path: str | None, lines: int, seed: int) -> dict[str, float]:
         by_condition[(e.archetype, e.state, e.intent)].append(e.text)
     out["distinct2"] = float(np.mean([distinct_n([v[i] for i in rng.choice(len(v), 50, replace=len(v) < 50)])
                                       for v in by_condition.values()]))
+    index = SignatureIndex(book.signatures())
+    examples = book.examples()
+    picked = [examples[i] for i in rng.choice(len(examples), min(lines, len(examples)), replace=False)]
+    hits = [index.hits(e.text) for e in picked]
+    out["persona_voiced"] = float(np.mean([any(f"persona:{t}" in h for t in e.persona)
+                                           for e, h in zip(picked, hits) if e.persona]))
+    out["context_voiced"] = float(np.mean([bool({f"context:{k}={v}" for k, v in e.context} & h)
+                                           for e, h in zip(picked, hits) if e.context]))
     out["seconds"] = time.perf_counter() - started
     return out
 
@@ -54,7 +64,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     rows = [(b or "shipped", measure(b, args.lines, args.seed)) for b in args.books]
-    keys = ("examples", "archetype_test", "archetype_heldout", "intent_test", "intent_heldout", "distinct2", "seconds")
+    keys = ("examples", "archetype_test", "archetype_heldout", "intent_test", "intent_heldout", "distinct2",
+            "persona_voiced", "context_voiced", "seconds")
     print(f"{'book':30s} " + " ".join(f"{k:>17s}" for k in keys))
     for name, m in rows:
         print(f"{name[-30:]:30s} " + " ".join(f"{m[k]:>17.3f}" if k != "examples" else f"{int(m[k]):>17d}" for k in keys))

@@ -326,6 +326,7 @@ class _Pattern:
     where: _Where
     refs: frozenset[str] = frozenset()
     positions: tuple[str | None, ...] = ()  # per template part: see _part_positions
+    fit: _Source | None = None  # the pattern's not_with / only_with marks (fit.fits(state, intent, None))
 
 
 _NO_SOURCES: list[_Source] = []  # one empty list: :meth:`LineBook._fitting` caches lists by id
@@ -501,6 +502,19 @@ class LineBook:
         if "text" not in fields:
             raise rd.fail(node, f"{field}.text", "required field is missing")
         src = self._template(rd, fields["text"][1], field)
+        at = None
+        if "at" in fields:
+            at = rd.string(fields["at"][1], f"{field}.at")
+            if at not in ("start", "end"):
+                raise rd.fail(fields["at"][1], f"{field}.at", f"unknown position {at!r}; known: start, end")
+        marked = replace(src, at=at, **self._fit_marks(rd, fields, field))
+        self._sources[-1] = marked
+        return marked
+
+    def _fit_marks(self, rd: _Reader, fields: dict[str, tuple[yaml.Node, yaml.Node]], field: str
+                   ) -> dict[str, frozenset[str]]:
+        """The ``not_with`` / ``only_with`` marks among ``fields`` as :class:`_Source` fields
+        (``never``, ``only_intents``, ``only_states``), each name checked where it is written."""
         named: dict[str, list[str]] = {}
         for key in ("not_with", "only_with"):
             if key not in fields:
@@ -517,19 +531,10 @@ class LineBook:
             named[key] = names
         both = set(named.get("not_with", ())) & set(named.get("only_with", ()))
         if both:
-            raise rd.fail(fields["only_with"][1], f"{field}.only_with",
-                          f"{sorted(both)[0]!r} is also in not_with")
-        at = None
-        if "at" in fields:
-            at = rd.string(fields["at"][1], f"{field}.at")
-            if at not in ("start", "end"):
-                raise rd.fail(fields["at"][1], f"{field}.at", f"unknown position {at!r}; known: start, end")
+            raise rd.fail(fields["only_with"][1], f"{field}.only_with", f"{sorted(both)[0]!r} is also in not_with")
         only = set(named.get("only_with", ()))
-        marked = replace(src, never=frozenset(named.get("not_with", ())),
-                         only_intents=frozenset(only & set(self.intents)),
-                         only_states=frozenset(only & set(self.states)), at=at)
-        self._sources[-1] = marked
-        return marked
+        return {"never": frozenset(named.get("not_with", ())), "only_intents": frozenset(only & set(self.intents)),
+                "only_states": frozenset(only & set(self.states))}
 
     def _read_lists(self, raw: _Raw) -> None:
         self._first_file = next(
@@ -851,9 +856,9 @@ class LineBook:
                 f = f"compose[{i}]"
                 fields = {k: (knode, v) for k, knode, v in rd.mapping(item, f)}
                 for k, (knode, _v) in fields.items():
-                    if k not in ("pattern", "weight", "tones"):
+                    if k not in ("pattern", "weight", "tones", "not_with", "only_with"):
                         raise rd.fail(
-                            knode, f"{f}.{k}", "unknown field; known: pattern, weight, tones"
+                            knode, f"{f}.{k}", "unknown field; known: pattern, weight, tones, not_with, only_with"
                         )
                 if "pattern" not in fields:
                     raise rd.fail(item, f"{f}.pattern", "required field is missing")
@@ -877,13 +882,22 @@ class LineBook:
                                 f"{f}.tones",
                                 f"unknown tone {t!r}; known: {list(TONES)}",
                             )
+                fit = replace(src, **self._fit_marks(rd, fields, f))
                 self._patterns.append(_Pattern(src.template, weight, tones, src.where, src.refs,
-                                               _part_positions(src.template)))
+                                               _part_positions(src.template), fit))
         if not self._patterns:
             raise LineBookError(self._first_file, 1, "compose", "required section is missing")
         for tone in TONES:
             if not any(tone in p.tones for p in self._patterns):
                 raise LineBookError(self._first_file, 1, "compose", f"no pattern for tone {tone!r}")
+        for state in self.states:
+            for intent in self.intents:
+                if not any(self._state_tone[state] in p.tones and p.fit is not None and p.fit.fits(state, intent, None)
+                           for p in self._patterns):
+                    where = next(p.where for p in self._patterns if p.fit is not None and p.fit.never | p.fit.only_intents
+                                 | p.fit.only_states)
+                    raise where.error(f"no compose pattern may be drawn for state {state!r} and intent {intent!r} "
+                                      "(not_with / only_with exclude every one for its tone)")
         # expansion settings
         self.per_condition = 100
         self.max_words = 24
@@ -1217,8 +1231,9 @@ class LineBook:
         for arch in self.archetypes:
             for state in self.states:
                 tone = self._state_tone[state]
-                patterns = [p for p in self._patterns if tone in p.tones]
                 for intent in self.intents:
+                    patterns = [p for p in self._patterns if tone in p.tones
+                                and (p.fit is None or p.fit.fits(state, intent, None))]
                     rng = random.Random(f"{self.seed}:{arch}:{state}:{intent}")
                     seen: set[str] = set()
                     attempts = 0

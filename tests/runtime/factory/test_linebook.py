@@ -190,3 +190,47 @@ def test_allowed_slots_follow_the_intent(book: LineBook) -> None:
 def test_expansion_is_deterministic_across_loads(examples: list[Example]) -> None:
     again = load_line_book().examples()
     assert again == examples
+
+
+# the 22 book lines read clumsy (1) in the blind reading docs/ratings/blind_v3c (issue #12): a
+# fragment that clashes with the reply beside it, or two parts that say the same thing
+CLUMSY_V3C = [
+    "Walk in the light. Fair and friendly, that's my way: {item} for a smile and a coin.",
+    'Whee, what a to-do! {location} can wait! Just get away from here!',
+    "Anchors aweigh! I'll not send any passer-by toward {location} without knowing why.",
+    "Hello later, if we're still standing! Right now, keep swinging! Missed you, but not like this!",
+    "Taking my ease on the bench outside the smithy. Forgive the bare feet, I'm taking my ease.",
+    "Mind the laws of the village. Mind how you go; I'll carry on here.",
+    "Work's stacked up high as a haystack. The only news here is work piling up, I'm afraid.",
+    "I see the same faces every lap; yours I'll mark well. Oh, don't stare...",
+    "Threats? I've no time for such things; I've a job to finish. My talents are wasted here.",
+    "{location}? Stick to the hedges, and never take the open road! Every coin I have is yours, just don't hurt me!",
+    "Tell your friends about my stall! Come to loaf with me? There's not much to it, I promise.",
+    "Save your threats for someone busy; I've nothing to lose but time. Mind the stairs, love.",
+    "Please, don't stare... This round, a shutter was left swinging near {location}; that's all the news I have.",
+    "Buying, selling, all of it can wait. I'm resting. The taps can wait; I'm sitting down and staying down.",
+    "Oh, you've come to see me? How thoughtful! Keep the faith.",
+    'Get to the point. Safe roads to you; my beat goes on.',
+    "Smile, we'll laugh about this later! Good riddance. I'll be watching you.",
+    "Always another way out, heh! I won't take {item} till I know who had it last.",
+    "Changing the gate guard takes a moment. Wait here, traveler. Oh, you've come just as I'm busiest with watching the gate.",
+    "Others could learn from me. For {item}, I'll pause a moment. What's your price?",
+    "Come round where I can hear you; I can't look up from this just now. Wanna play tag?",
+    "I must know everything. Is that the best you've got? A sleeping cat is more frightening.",
+]
+
+
+def test_the_book_lines_read_clumsy_in_the_v3c_blind_reading_are_no_longer_drawn(examples: list[Example]) -> None:
+    texts = {e.text for e in examples}
+    assert [t for t in CLUMSY_V3C if t in texts] == []
+
+
+def test_marked_fragments_keep_to_the_intents_and_places_they_fit(examples: list[Example]) -> None:
+    point = [e for e in examples if e.text.startswith("Get to the point.")]
+    assert point and "farewell" not in {e.intent for e in point}
+    assert not any("Get to the point." in e.text and not e.text.startswith("Get to the point.") for e in examples)
+    stall = [e for e in examples if "Tell your friends about my stall!" in e.text]
+    assert stall and {e.intent for e in stall} == {"trade", "farewell"}
+    assert all(e.text.endswith("Tell your friends about my stall!") for e in stall)
+    begging = [e for e in examples if "Every coin I have is yours, just don't hurt me!" in e.text]
+    assert begging and not {e.intent for e in begging} & {"ask_directions", "ask_rumors", "trade", "farewell"}

@@ -116,3 +116,20 @@ def test_a_bad_mark_is_an_error_naming_file_line_and_field(tmp_path: Path, old: 
 def test_a_mark_that_excludes_nothing_changes_no_draw(tmp_path: Path) -> None:
     same = MINI.replace('calm: ["Hmph."]', 'calm: [{text: "Hmph.", only_with: [idle, alert]}]')
     assert load_line_book(write(tmp_path, same)).examples() == load_line_book(write(tmp_path, MINI, "b.yaml")).examples()
+
+
+def test_a_compose_pattern_marked_not_with_is_not_drawn_for_those_intents(tmp_path: Path) -> None:
+    marked = MINI.replace('  - pattern: "[mood] [lead] [reply] [ctx]"\n',
+                          '  - pattern: "[mood] [lead] [reply] [ctx]"\n    not_with: [ask_directions]\n').replace(
+        'greet: ["Hello, {player}."]', 'greet: ["Hello there."]')
+    examples = load_line_book(write(tmp_path, marked)).examples()
+    assert any("Hmph." in e.text for e in examples)  # the pattern's only [mood]
+    assert not any("Hmph." in e.text or "raining" in e.text for e in examples if e.intent == "ask_directions")
+
+
+def test_compose_marks_that_leave_a_state_and_intent_no_pattern_are_an_error(tmp_path: Path) -> None:
+    text = MINI.replace('  - pattern: "[lead] [reply]"\n', '  - pattern: "[lead] [reply]"\n    not_with: [alert]\n').replace(
+        '  - pattern: "[mood] [lead] [reply] [ctx]"\n', '  - pattern: "[mood] [lead] [reply] [ctx]"\n    only_with: [idle]\n')
+    err = error_for(tmp_path, text)
+    assert err.field == "compose[0].pattern" and err.line == line_of(text, '"[lead] [reply]"')
+    assert "no compose pattern may be drawn for state 'alert' and intent 'greet'" in err.problem
