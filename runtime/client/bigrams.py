@@ -484,7 +484,7 @@ class BigramMask:
         key = (state[0], state[1], state[5], last)
         out = self._memo.peek(key)
         if out is None:
-            out = self._memo.get(key, lambda: self._shared(state, last))
+            out = self._memo.put(key, self._shared(state, last))
         return out  # type: ignore[no-any-return]
 
     def _shared(self, state: WordState, last: bool) -> np.ndarray:
@@ -500,7 +500,7 @@ class BigramMask:
         key = ("below", node, mode, tuple(row[bisect.bisect_left(row, lo):bisect.bisect_left(row, hi)]), last)
         out = self._memo.peek(key)
         if out is None:
-            out = self._memo.get(key, lambda: self._make(state, last))
+            out = self._memo.put(key, self._make(state, last))
         return out  # type: ignore[no-any-return]
 
     def _follows(self, prev: int, i: int) -> bool:
@@ -580,7 +580,7 @@ class BigramMask:
         key = ("ends", mode, word, last)
         out = self._memo.peek(key)
         if out is None:
-            out = self._memo.get(key, lambda: self._make_ends(word, mode, last))
+            out = self._memo.put(key, self._make_ends(word, mode, last))
         return out  # type: ignore[no-any-return]
 
     def _make_ends(self, word: int, mode: int, last: bool) -> np.ndarray:
@@ -606,10 +606,10 @@ class BigramMask:
         a piece mark) otherwise."""
         prev, mode = before[5], before[1]
         if token == self._eos:  # (the line ends: the state reads on unchanged, as WordConstraint's does)
-            return new if prev == new[5] else new._replace(prev=prev)
+            return new if prev == new[5] else WordState(*new[:5], prev)
         if mode != _BOUNDARY:
             if self.wc._lead_step[mode][token] is not None:
-                return new if prev == new[5] else new._replace(prev=prev)
+                return new if prev == new[5] else WordState(*new[:5], prev)
             if not self.wc._ends_list[mode][token]:
                 return new._replace(prev=self._walk(before, token, False, False)[1])
             prev = int(self._rank[before[0]]) if before[0] >= 0 else ANY
@@ -620,7 +620,7 @@ class BigramMask:
             prev = slot
         elif self._reset[token]:
             prev = PIECE
-        return new if prev == new[5] else new._replace(prev=prev)
+        return new if prev == new[5] else WordState(*new[:5], prev)
 
     def _walk(self, state: WordState, token: int, final: bool, check: bool) -> tuple[bool, int]:
         """The reference reader: (whether the bigrams block ``token`` in ``state``, the ``prev``

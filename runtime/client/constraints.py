@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import re
 import threading
 from collections import OrderedDict, deque
@@ -330,8 +331,12 @@ class _Memo:
         value = self._d.get(key)
         if value is not None:
             return value
+        return self.put(key, make())
+
+    def put(self, key: Hashable, value: Any) -> Any:
+        """Keep ``value`` (not None) for ``key`` and return it (for a caller that made it after
+        :attr:`peek` found none: no closure to build on the way)."""
         d = self._d
-        value = make()
         with self._lock:
             d[key] = value
             while len(d) > self.size:
@@ -1062,7 +1067,7 @@ class WordConstraint:
         key = (state, token_id)
         new = self._steps.peek(key)
         if new is None:
-            new = self._steps.get(key, lambda: self._step_read(state, token_id))
+            new = self._steps.put(key, self._step_read(state, token_id))
         return new  # type: ignore[no-any-return]
 
     def _step_read(self, state: WordState, token_id: int) -> WordState:
@@ -1236,7 +1241,7 @@ class WordConstraint:
     def _voice_for(self, ban: int) -> _Voice:
         v = self._voices.peek(ban)
         if v is None:
-            v = self._voices.get(ban, lambda: self._make_voice(ban))
+            v = self._voices.put(ban, self._make_voice(ban))
         return v  # type: ignore[no-any-return]
 
     def _make_voice(self, ban: int) -> _Voice:
@@ -1246,8 +1251,7 @@ class WordConstraint:
         phi = -unasked * total if unasked else np.zeros(len(self._child), dtype=np.float32)
         for r, (bit, kind) in enumerate(kinds):
             if not bit & ban:
-                phi = phi + (size.get(kind, 0.0) + unasked) * table[r]
-        phi = phi.astype(np.float32)
+                phi += (size.get(kind, 0.0) + unasked) * table[r]  # (phi is this request's own array)
         # (the tokens that start a word from a boundary and are not always blocked: their tail's phi)
         w0 = np.where(self._voice_open, phi[self._voice_tail] - phi[0], 0.0).astype(np.float32, copy=False)
         idx = np.flatnonzero(w0)
@@ -1317,10 +1321,10 @@ class WordConstraint:
         key = (state[0], state[1], state[2], last)
         plan: _Plan | None = self._plans.peek(key)
         if plan is None:
-            plan = self._plans.get(key, lambda: self._plan(state, last))
+            plan = self._plans.put(key, self._plan(state, last))
         per_ban = self._per_ban.peek(ban)
         if per_ban is None:
-            per_ban = self._per_ban.get(ban, lambda: [None] * 16)
+            per_ban = self._per_ban.put(ban, [None] * 16)
         whole = per_ban[plan.base]
         if whole is None:
             whole = per_ban[plan.base] = self._ban_part(plan.base, ban)
@@ -1336,7 +1340,7 @@ class WordConstraint:
                 key = (state[0], state[1], state[4], last, state[3] if self._exact_any else -1)
                 rule = self._rules.peek(key)
                 if rule is None:
-                    rule = self._rules.get(key, lambda: self._rule_part(state, last))
+                    rule = self._rules.put(key, self._shared_rule(state, last))
                 if len(rule):
                     out.append(rule)
         if self._bigrams is not None:
@@ -1344,6 +1348,20 @@ class WordConstraint:
             if len(pairs):
                 out.append(pairs)
         return plan.mask, out
+
+    def _shared_rule(self, state: WordState, last: bool) -> np.ndarray:
+        """:meth:`_rule_part`, shared inside a word by every echo out of its reach: there the
+        doubled-word rule depends on the echo only where it is the word being spelled or a word
+        below it (which a lead may reach), so the others are kept as no echo (-1)."""
+        node, echo = state[0], state[4]
+        if (state[1] == _BOUNDARY or node <= 0 or echo < 0 or self._exact_any or echo == node
+                or node < echo < self._subtree_end[node]):
+            return self._rule_part(state, last)
+        key = (node, state[1], -1, last, -1)
+        rule = self._rules.peek(key)
+        if rule is None:
+            rule = self._rules.put(key, self._rule_part(state._replace(echo=-1), last))
+        return rule  # type: ignore[no-any-return]
 
     def _rule_part(self, state: WordState, last: bool) -> np.ndarray:
         """The tokens the doubled-word rule blocks in ``state`` (:meth:`_echo_block`; the
@@ -1880,7 +1898,7 @@ def _vetoed_at(raw: np.ndarray, masked: np.ndarray, top: int, threshold: float, 
     """:func:`vetoed`, given ``top``, the index of ``raw``'s largest (``np.argmax``)."""
     if state is not None and state.shape == _DOT2:
         return False
-    if np.isfinite(masked[top]):
+    if math.isfinite(masked[top]):
         return False
     z = raw.astype(np.float64, copy=False)
     return float(1.0 / np.exp(z - z[top]).sum()) > threshold

@@ -1,7 +1,8 @@
 """The word constraints' fast paths agree with the readings they shortcut (runtime.client.constraints,
 runtime.client.bigrams): the bigram masks' range search (and the table of a word boundary's
 mask per word before, made at load), the word-end tokens kept per word, the
-doubled-word rule's reach test and masked_row's shared top token. The shipped model's
+doubled-word rule's reach test, masked_row's shared top token and the bounded memo that keeps
+the masks. The shipped model's
 constraints.json (vocabulary, signatures, voice bonus, word bigrams) and tokenizer, no model."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from runtime.client.constraints import (
     _LETTERS,
     WordConstraint,
     WordState,
+    _Memo,
     read_constraints,
     vetoed,
 )
@@ -98,7 +100,8 @@ def test_the_word_end_tokens_kept_per_word_are_those_the_word_after_blocks(wc, b
 
 def test_the_doubled_word_rule_blocks_what_the_reference_does_with_the_echo_in_and_out_of_reach(wc):
     """A word being spelled whose echo (the word before, only spaces since) lies below it in the
-    trie, and one whose echo cannot be reached from it: the rule's tokens as the reference reads them."""
+    trie, and one whose echo cannot be reached from it: the rule's tokens as the reference reads them
+    (the echo out of reach shares the rule's kept tokens with no echo at all)."""
     rng = np.random.default_rng(7)
     words = [n for n in range(1, len(wc._child)) if wc._is_word[n] and "'" not in wc._spelled[n]]
     # words one letter short of a leaf word (a repeat of which has no way on): one token reaches it
@@ -117,6 +120,8 @@ def test_the_doubled_word_rule_blocks_what_the_reference_does_with_the_echo_in_a
                     wc._spelled[node], wc._spelled[echo], last)
             reached += echo == leaf and not np.array_equal(wc.blocked(state), alone)
             done += 1
+        kept = wc._rules.peek((node, _LETTERS, outside, False, -1))
+        assert kept is not None and kept is wc._rules.peek((node, _LETTERS, -1, False, -1))
     assert done >= 12 and reached >= 3  # (the rule did block the repeat where the echo is in reach)
 
 
@@ -176,3 +181,16 @@ def test_a_word_mask_shared_by_words_before_with_the_same_successors_below_is_th
         if shared >= 8:
             break
     assert shared >= 8  # (the two words before did share one kept mask)
+
+
+def test_a_memo_keeps_its_newest_entries_and_makes_a_missing_one_once():
+    """The bounded memo behind every kept mask: ``put`` keeps an entry and returns it, the oldest
+    entries go first past ``size``, ``get`` makes a missing entry once and then serves it, and
+    ``peek`` answers None for an entry it does not hold."""
+    memo = _Memo(3)
+    assert [memo.put(k, k * 10) for k in range(5)] == [0, 10, 20, 30, 40]
+    assert len(memo) == 3 and [memo.peek(k) for k in range(5)] == [None, None, 20, 30, 40]
+    made: list[int] = []
+    assert memo.get(7, lambda: made.append(7) or 70) == 70
+    assert memo.get(7, lambda: made.append(8) or 80) == 70
+    assert made == [7] and memo.peek(2) is None and len(memo) == 3
