@@ -79,7 +79,7 @@ from runtime.client.onnx_model import DEFAULT_MODEL_DIR, FlashOnnx, decode_rows
 from runtime.client.prefix_cache import PrefixCache
 from runtime.client.sampling import sample_next
 from runtime.client.signature import PublicKey
-from runtime.client.trigrams import TrigramTable, tokens_through
+from runtime.client.trigrams import TrigramReader, TrigramTable, tokens_through
 from runtime.tokenizer import check_request
 
 log = logging.getLogger("flashnpc.runtime")
@@ -197,6 +197,9 @@ class _Row:
     hit: bool = False
     vetoed: bool = False  # the sample was abandoned (runtime.client.constraints.vetoed)
     checked: int = 0  # characters of the decoded text whose trigrams were checked (LineGenerator.trigrams)
+    reader: TrigramReader = field(default_factory=TrigramReader)  # its trigrams read so far
+    text: str = ""  # the decoded text of the first ``text_n`` tokens (LineGenerator._text)
+    text_n: int = 0
     redraw_at: int | None = None  # a trigram stop: the tokens up to the one that completed it
 
 
@@ -1033,19 +1036,31 @@ class LineGenerator:
         """Stop ``r`` as ``blocked`` if its text now holds a trigram :attr:`trigrams` lacks: its
         complete words (``final``: all of it, the line's end included) past ``r.checked``."""
         assert self.trigrams is not None
-        text = self.tokenizer.decode(r.tokens)
+        text = self._text(r)
         if not final:
             text = settled_text(text)
             if len(text) <= r.checked:
                 return False
-        hit = self.trigrams.first_unseen(text, after=r.checked, final=final)
-        r.checked = len(text) if final else TrigramTable.checked_to(text)
+        hit = self.trigrams.first_unseen(text, reader=r.reader, final=final)
+        r.checked = len(text)
         if hit is None:
             return False
         _tri, cut, end = hit
         r.finish, r.cut = "blocked", cut
         r.redraw_at = tokens_through(self.tokenizer, r.tokens, end)
         return True
+
+    def _text(self, r: _Row) -> str:
+        """``r``'s decoded text, decoding only the tokens added since the last call (all of them
+        again where a piece is not whole UTF-8 on its own)."""
+        if r.text_n < len(r.tokens):
+            piece = self.tokenizer.decode(r.tokens[r.text_n:])
+            if "\ufffd" in piece or "\ufffd" in r.text:
+                r.text = self.tokenizer.decode(r.tokens)
+            else:
+                r.text += piece
+            r.text_n = len(r.tokens)
+        return r.text
 
     def _sample(self, r: _Row, logits: np.ndarray, eos: int) -> int | None:
         """Sample the next token of ``r`` with its masks applied (None if every token is blocked)."""

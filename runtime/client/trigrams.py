@@ -59,11 +59,11 @@ _TOKEN = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z]+(?:'[A-Za-z]+)?|\.\.\.
 Trigram = tuple[str, str, str]
 
 
-def line_tokens(text: str) -> list[tuple[str, int]]:
-    """The tokens of ``text`` with the offset where each ends (:data:`START` and :data:`END` not included):
-    ``"Halt, {player}!"`` -> ``[("halt", 4), (",", 5), ("{player}", 14), ("!", 15)]``."""
+def line_tokens(text: str, start: int = 0) -> list[tuple[str, int]]:
+    """The tokens of ``text`` (from offset ``start``) with the offset where each ends (:data:`START`
+    and :data:`END` not included): ``"Halt, {player}!"`` -> ``[("halt", 4), (",", 5), ("{player}", 14), ("!", 15)]``."""
     out = []
-    for m in _TOKEN.finditer(text):
+    for m in _TOKEN.finditer(text, start):
         tok = m.group(0)
         if tok == "\u2026":
             tok = "..."
@@ -73,40 +73,48 @@ def line_tokens(text: str) -> list[tuple[str, int]]:
     return out
 
 
-def _sentences(text: str, final: bool = True) -> Iterator[list[tuple[str, int]]]:
-    """Each sentence of ``text`` as its tokens from :data:`START` with their end offsets (START's:
-    the end of the sentence before); ``final``: the last one, when it has no end mark, gets
-    :data:`END` (at ``len(text)``)."""
-    tokens = line_tokens(text)
-    current: list[tuple[str, int]] = [(START, 0)]
-    for i, (tok, end) in enumerate(tokens):
-        current.append((tok, end))
-        if tok in SENTENCE_ENDS and (i + 1 == len(tokens) or tokens[i + 1][0] not in SENTENCE_ENDS):
-            yield current
-            current = [(START, end)]
-    if len(current) > 1:
+class TrigramReader:
+    """Reads a line's trigrams as the line grows: each :meth:`feed` reads only the text past what
+    it has read, so an engine that feeds its decoded text after every token reads every token
+    once (a sans-I/O state machine: the last two tokens of the sentence under way, and whether
+    the last token was an end mark, so the sentence ends unless another mark follows).
+
+    ``feed(text, final=False)``: ``text`` is the line so far (complete words only); a run of marks
+    at its end, which may still grow (``.`` into ``...``, ``!`` into ``!?``), is left for the next
+    feed. ``final=True``: ``text`` is the whole line; a last sentence without an end mark ends in
+    :data:`END`. Each text must extend the one before. :attr:`read` is how far ``text`` was read.
+    """
+
+    def __init__(self) -> None:
+        self.read = 0
+        self._w1: tuple[str, int] | None = None  # the token before the last one of the sentence under way
+        self._w2: tuple[str, int] = (START, 0)  # its last token (START at a sentence's start)
+        self._ended = False  # the last token was an end mark
+
+    def feed(self, text: str, *, final: bool = False) -> Iterator[tuple[Trigram, int, int]]:
+        """(trigram, the end of its middle token, its end) for each trigram the text adds."""
+        tokens = line_tokens(text, self.read)
+        if not final:
+            while tokens and not (tokens[-1][0][0].isalpha() or tokens[-1][0][0] == "{"):
+                tokens.pop()
+        for tok, end in tokens:
+            if self._ended and tok not in SENTENCE_ENDS:
+                self._w1, self._w2 = None, (START, self._w2[1])
+            if self._w1 is not None:
+                yield (self._w1[0], self._w2[0], tok), self._w2[1], end
+            self._w1, self._w2 = self._w2, (tok, end)
+            self._ended = tok in SENTENCE_ENDS
+            self.read = end
         if final:
-            current.append((END, len(text)))
-        yield current
+            if not self._ended and self._w1 is not None:
+                yield (self._w1[0], self._w2[0], END), self._w2[1], len(text)
+            self.read = len(text)
 
 
 def line_trigrams(text: str) -> list[tuple[Trigram, int]]:
     """Every trigram of ``text`` (see the module docstring) with the offset where it ends (its
     last token's end; ``len(text)`` for one ending in :data:`END`), in order."""
-    return [(tri, end) for tri, _cut, end in _trigram_spans(text, True)]
-
-
-def _trigram_spans(text: str, final: bool) -> Iterator[tuple[Trigram, int, int]]:
-    """(trigram, the end of its middle token, its end) for each trigram of ``text``; with
-    ``final=False`` as :meth:`TrigramTable.first_unseen` reads a line still being decoded."""
-    sentences = list(_sentences(text, final))
-    if not final and sentences:
-        last = sentences[-1]
-        if len(last) > 1 and last[-1][1] > TrigramTable.checked_to(text):
-            sentences[-1] = last[:-1]
-    for sent in sentences:
-        for i in range(len(sent) - 2):
-            yield (sent[i][0], sent[i + 1][0], sent[i + 2][0]), sent[i + 1][1], sent[i + 2][1]
+    return [(tri, end) for tri, _cut, end in TrigramReader().feed(text, final=True)]
 
 
 def _probes(tri: Trigram, m: int, k: int) -> list[int]:
@@ -178,27 +186,19 @@ class TrigramTable:
             self._seen[tri] = hit  # type: ignore[index]
         return hit
 
-    def first_unseen(self, text: str, *, after: int = 0, final: bool = True) -> tuple[Trigram, int, int] | None:
+    def first_unseen(self, text: str, *, reader: TrigramReader | None = None,
+                     final: bool = True) -> tuple[Trigram, int, int] | None:
         """The first trigram of ``text`` the table does not hold, or None: ``(trigram, cut, end)``,
         ``end`` the offset where it ends (where a line that has it must be drawn again from: the
         sentence it is in), ``cut`` where its last token's text starts after the one before
-        (``text[:cut]`` is the line without it). Only trigrams ending past ``after`` are read.
-        ``final=False``: ``text`` is the complete words of a line still being decoded, so its last
-        sentence has no :data:`END` and a mark at its very end, which may still grow (``.`` into
-        ``...``), is not read yet (:meth:`checked_to` says how far such a text is read)."""
-        for tri, cut, end in _trigram_spans(text, final):
-            if end > after and tri not in self:
+        (``text[:cut]`` is the line without it). ``reader``: the :class:`TrigramReader` of a line
+        being decoded (default: a fresh one, ``text`` read whole); only what it has not read yet
+        is read. ``final=False``: ``text`` is the complete words of a line still being decoded
+        (:meth:`TrigramReader.feed`)."""
+        for tri, cut, end in (reader or TrigramReader()).feed(text, final=final):
+            if tri not in self:
                 return tri, cut, end
         return None
-
-    @staticmethod
-    def checked_to(text: str) -> int:
-        """How far :meth:`first_unseen` with ``final=False`` reads ``text``: its end, or where its
-        last token starts when that is a mark."""
-        tokens = line_tokens(text)
-        if tokens and not tokens[-1][0][0].isalpha() and tokens[-1][0][0] != "{":
-            return tokens[-2][1] if len(tokens) > 1 else 0
-        return len(text)
 
     @property
     def fill(self) -> float:
@@ -260,5 +260,16 @@ def unseen_trigram_lines(texts: Iterable[str], table: TrigramTable) -> float:
     return sum(table.first_unseen(t) is not None for t in items) / max(len(items), 1)
 
 
-__all__ = ["BITS_PER_TRIGRAM", "END", "PROBES", "SENTENCE_ENDS", "START", "TrigramTable", "line_tokens",
-           "line_trigrams", "tokens_through", "unseen_trigram_lines"]
+__all__ = [
+    "BITS_PER_TRIGRAM",
+    "END",
+    "PROBES",
+    "SENTENCE_ENDS",
+    "START",
+    "TrigramReader",
+    "TrigramTable",
+    "line_tokens",
+    "line_trigrams",
+    "tokens_through",
+    "unseen_trigram_lines",
+]

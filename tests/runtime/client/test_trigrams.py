@@ -10,9 +10,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.client.constraints import Constraints, read_constraints
+from runtime.client.constraints import Constraints, read_constraints, settled_text
 from runtime.client.generator import LineGenerator, LineRequest
-from runtime.client.trigrams import END, START, TrigramTable, line_trigrams, tokens_through
+from runtime.client.trigrams import (
+    END,
+    START,
+    TrigramReader,
+    TrigramTable,
+    line_trigrams,
+    tokens_through,
+)
 from runtime.factory.export import book_lines
 from runtime.factory.linebook import load_line_book
 
@@ -43,19 +50,30 @@ def test_only_a_line_cut_mid_sentence_ends_in_the_end_token():
 
 def test_a_line_still_being_decoded_leaves_a_mark_at_its_end_unread():
     table = TrigramTable.from_texts(["Oh, er... Come closer."])
-    assert table.first_unseen("Oh, er.", final=False) is None  # "." may still become "..."
+    reader = TrigramReader()
+    assert table.first_unseen("Oh, er.", reader=reader, final=False) is None  # "." may still become "..."
+    assert reader.read == 6
+    assert table.first_unseen("Oh, er...", reader=reader, final=False) is None and reader.read == 6
+    assert table.first_unseen("Oh, er... Come", reader=reader, final=False) is None
+    assert table.first_unseen("Oh, er... Come", reader=reader, final=True)[0] == (START, "come", END)
     assert table.first_unseen("Oh, er.") == ((",", "er", "."), 6, 7)
-    assert TrigramTable.checked_to("Oh, er.") == 6 and TrigramTable.checked_to("Oh, er") == 6
-    assert table.first_unseen("Oh, er... Come", final=False) is None
-    assert table.first_unseen("Oh, er... Come", final=True)[0] == (START, "come", END)
 
 
-def test_first_unseen_says_where_the_line_is_cut_and_reads_only_past_after():
+def test_a_reader_fed_a_growing_line_reads_what_the_whole_line_holds(lines):
+    rng = random.Random(2)
+    for text in [*rng.sample(lines, 200), "Halt!? Who... goes there", "Hm", ""]:
+        reader, got = TrigramReader(), []
+        for cut in sorted({rng.randint(0, len(text)) for _ in range(6)}):
+            got += list(reader.feed(settled_text(text[:cut])))  # complete words, as the engine feeds it
+        got += list(reader.feed(text, final=True))
+        assert [(t, e) for t, _c, e in got] == line_trigrams(text)
+
+
+def test_first_unseen_says_where_the_line_is_cut():
     table = TrigramTable.from_texts(["Halt! Who goes there?"])
     text = "Halt! Who comes there?"
     tri, cut, end = table.first_unseen(text)
     assert tri == (START, "who", "comes") and text[:cut] == "Halt! Who" and text[:end] == "Halt! Who comes"
-    assert table.first_unseen(text, after=len(text)) is None
 
 
 def test_every_trigram_of_the_book_passes_and_few_unseen_ones_do(lines):
