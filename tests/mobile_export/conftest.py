@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from mobile_export.bundle import ExportedBundle, export_bundle
-from tests.runtime.conftest import build_tiny_model_dir
+from tests.runtime.conftest import copy_tiny_model
 
 
 @pytest.fixture(scope="session")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model_dir(tmp_path_factory.mktemp("mobile_model"))
+def model_dir(tiny_model_build: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copy_tiny_model(tiny_model_build, tmp_path_factory.mktemp("mobile_model"))
 
 
 @pytest.fixture(scope="session")

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from tests.runtime.conftest import build_tiny_model_dir
+from tests.runtime.conftest import copy_tiny_model
 
 
 @pytest.fixture(scope="session")
-def plugin_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model_dir(tmp_path_factory.mktemp("plugin_flash"))
+def plugin_model_dir(tiny_model_build: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copy_tiny_model(tiny_model_build, tmp_path_factory.mktemp("plugin_flash"))
 
 
 @pytest.fixture

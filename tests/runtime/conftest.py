@@ -9,6 +9,7 @@ what exercises fallbacks and the banned-token masks.
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import asdict
 from pathlib import Path
 
@@ -45,9 +46,18 @@ def build_tiny_model_dir(root: Path, *, seed: int = 0, vocab_size: int = 512, bl
     return root / "flash"
 
 
+def copy_tiny_model(build: Path, root: Path) -> Path:
+    """A copy of the session's tiny model build (``tiny_model_build``, tests/conftest.py) under
+    ``root``, its checkpoint beside it as ``build_tiny_model_dir(root)`` writes them; returns
+    ``root/flash``. Each copy is its own, so a test writing into its model directory touches no
+    other."""
+    shutil.copytree(build.parent, root, dirs_exist_ok=True)
+    return root / "flash"
+
+
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model_dir(tmp_path_factory.mktemp("tiny_flash"))
+def tiny_model_dir(tiny_model_build: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copy_tiny_model(tiny_model_build, tmp_path_factory.mktemp("tiny_flash"))
 
 
 @pytest.fixture(scope="session")

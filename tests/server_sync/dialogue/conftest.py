@@ -3,6 +3,7 @@ and a service over it."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,12 +12,12 @@ from runtime.client.constraints import read_constraints
 from runtime.client.fallback import FallbackBook
 from runtime.serving.batched_engine import BatchedEngine, load_flash
 from runtime.serving.dialogue_service import DialogueService
-from tests.runtime.conftest import build_tiny_model_dir
+from tests.runtime.conftest import copy_tiny_model
 
 
 @pytest.fixture(scope="module")
-def loaded(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return load_flash(build_tiny_model_dir(tmp_path_factory.mktemp("dialogue_tiny")))
+def loaded(tiny_model_build: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return load_flash(copy_tiny_model(tiny_model_build, tmp_path_factory.mktemp("dialogue_tiny")))
 
 
 def make_service(loaded: Any, **kw: Any) -> DialogueService:

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from runtime.serving.dialogue_service import CircuitBreaker
 from runtime.serving.model_router import CapacityRule, ModelRouter
 from server_sync.dialogue.dialogue_server import DialogueConfig, DialogueServer
-from tests.runtime.conftest import build_tiny_model_dir
+from tests.runtime.conftest import copy_tiny_model
 from tests.server_sync.conftest import SECRET
 from tests.test_metric_names import check, undocumented
 
@@ -38,14 +38,14 @@ QUICK = {"default_deadline_ms": 30_000, "min_mean_logprob": None, "max_batch": 8
 
 
 @pytest.fixture(scope="module")
-def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def model_dirs(tiny_model_build: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """``base``: a tiny exported model; ``pirate``: it fine-tuned (adapters, 2 steps) on STUDIO."""
     import torch
 
     from runtime.factory.finetune import FinetuneConfig, finetune
 
     root = tmp_path_factory.mktemp("multi_model")
-    base = build_tiny_model_dir(root / "base")
+    base = copy_tiny_model(tiny_model_build, root / "base")
     lines = root / "studio.jsonl"
     lines.write_text("".join(json.dumps(r) + "\n" for r in STUDIO))
     threads = torch.get_num_threads()

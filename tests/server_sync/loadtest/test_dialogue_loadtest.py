@@ -12,7 +12,7 @@ from server_sync.loadtest.dialogue_loadtest import (
     run_dialogue_loadtest,
     summarize,
 )
-from tests.runtime.conftest import build_tiny_model_dir
+from tests.runtime.conftest import copy_tiny_model
 
 
 def test_summary_figures_follow_from_the_records():
@@ -44,8 +44,8 @@ def test_unstreamed_lines_meet_the_slo_on_e2el_alone():
     assert r["output_throughput"] == pytest.approx(1.0)
 
 
-def test_a_short_run_answers_every_request_and_writes_report_and_plot(tmp_path):
-    model = build_tiny_model_dir(tmp_path / "model")
+def test_a_short_run_answers_every_request_and_writes_report_and_plot(tiny_model_build, tmp_path):
+    model = copy_tiny_model(tiny_model_build, tmp_path / "model")
     cfg = DialogueLoadConfig(sessions=24, rate=30.0, duration=2.0, procs=2, max_batch=16,
                              model_dir=str(model), deadline_ms=5000, out=str(tmp_path / "lt"))
     report = run_dialogue_loadtest(cfg, log=lambda *_: None)
