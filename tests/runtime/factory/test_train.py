@@ -191,16 +191,18 @@ def test_warm_start_begins_from_the_exported_models_own_weights(tmp_path, book_d
 
 
 def test_cli_warm_start_refuses_a_book_with_tags_the_model_never_saw(tmp_path, capsys):
-    import shutil
-
     from runtime.paths import DEFAULT_MODEL_DIR
+    from tests.runtime.factory.test_linebook_format import MINI
 
-    book = tmp_path / "book"
-    shutil.copytree(DEFAULT_MODEL_DIR.parent / "linebook", book)
-    (book / "11_more_traits.yaml").write_text(
-        "persona_traits:\n  stern:\n    calm: [\"Mind yourself.\"]\n    urgent: [\"Mind yourself!\"]\n")
+    # a small book (every other name in it is one the shipped model knows) with a trait it does
+    # not: the CLI expands the book before it checks the tags, and the default book takes tens of
+    # seconds to expand
+    assert MINI.count("persona_traits:\n") == 1
+    book = tmp_path / "book.yaml"
+    book.write_text(MINI.replace("persona_traits:\n", "persona_traits:\n  stern:\n"
+                                 "    calm: [\"Mind yourself.\"]\n    urgent: [\"Mind yourself!\"]\n"))
     code = flashnpc(["train", "--out", str(tmp_path / "run"), "--init-from", str(DEFAULT_MODEL_DIR),
                      "--line-book", str(book), "--steps", "1", "--quiet"])
     err = capsys.readouterr().err
     assert code == 2
-    assert "<persona:stern>" in err and "flashnpc finetune" in err
+    assert "its tokenizer has no <persona:stern> (" in err and "flashnpc finetune" in err  # stern alone
