@@ -1973,6 +1973,17 @@ _TRAILING_WORD = re.compile(r"[A-Za-z']+$")
 _OPEN_ELLIPSIS = re.compile(r"(?<!\.)\.\.$")
 
 
+_BROKEN_BETWEEN_LETTERS = re.compile(r"(?<=[A-Za-z'])\ufffd+(?=[A-Za-z])")
+
+
+def without_broken_bytes(text: str) -> str:
+    """``text`` without the U+FFFD of bytes that decode to no character (a byte-level token the
+    model emitted alone): between two letters as a space, since the masks read such a byte as a
+    word's end (so "b", a stray byte, "us" stay two words and never spell a banned "bus"),
+    elsewhere dropped."""
+    return _BROKEN_BETWEEN_LETTERS.sub(" ", text).replace("\ufffd", "")
+
+
 def settled_text(raw: str) -> str:
     """The part of a line still being decoded that may be shown: ``raw`` without its trailing
     run of letters and apostrophes, a word that the next token may still extend or, at a dead

@@ -71,6 +71,7 @@ from runtime.client.constraints import (
     settled_text,
     stop_index,
     usable,
+    without_broken_bytes,
 )
 from runtime.client.errors import BundleError, ModelLoadError
 from runtime.client.fallback import FallbackBook
@@ -764,7 +765,7 @@ class LineGenerator:
         """A model Line for a decoded row, or (None, why it cannot be used). ``shown``: text of it
         was already streamed, so it is kept whatever it is."""
         prep = row.prep
-        raw = self._row_raw(row).replace("\ufffd", "").strip()
+        raw = without_broken_bytes(self._row_raw(row)).strip()
         mean_lp = _mean_logprob(row.scored, row.tokens)
         if not shown:
             if row.finish == "blocked":
@@ -1117,7 +1118,7 @@ class _StreamGate:
         if row.finish is None:  # a word still being spelled shows once it is complete
             raw = settled_text(raw)
         upto = len(raw)
-        raw = raw.rstrip("\ufffd").replace("\ufffd", "").lstrip().rstrip()
+        raw = without_broken_bytes(raw.rstrip("\ufffd")).strip()
         if not self.shown:
             if usable(raw) is not None:
                 return ""

@@ -77,6 +77,7 @@ from runtime.client.constraints import (
     read_constraints,
     settled_text,
     usable,
+    without_broken_bytes,
 )
 from runtime.client.fallback import FallbackBook
 from runtime.client.generator import active_params_percent
@@ -724,7 +725,7 @@ class DialogueService(StartClose):
             return
         p.tokens.append(tok)
         # a word still being spelled shows once it is complete (a dead end may cut it)
-        raw = settled_text(self.tokenizer.decode(p.tokens).replace("\ufffd", "")).strip()
+        raw = settled_text(without_broken_bytes(self.tokenizer.decode(p.tokens))).strip()
         if not p.shown and usable(raw) is not None:
             return
         text = fill_slots(raw, p.slot_values)
@@ -763,7 +764,7 @@ class DialogueService(StartClose):
                 continue
             for a, b in zip(res.token_times, res.token_times[1:]):
                 self.metrics.itl.observe(b - a)
-            raw = self.tokenizer.decode(res.tokens).replace("\ufffd", "")
+            raw = without_broken_bytes(self.tokenizer.decode(res.tokens))
             if res.finish == "blocked":  # a dead end inside a word: the line ends at its last complete word
                 raw = settled_text(raw)
             raw = raw.strip()

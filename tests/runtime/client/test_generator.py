@@ -205,9 +205,10 @@ def test_cached_prefix_logits_equal_a_cold_computation(tiny_model_dir):
 
 
 def test_the_disk_cache_makes_prefixes_warm_after_a_restart(tiny_model_dir, tmp_path):
-    first = fresh(tiny_model_dir, cache_dir=tmp_path / "kv")
+    # one sample each (no resample, which would hit the prefix its first attempt stored)
+    first = fresh(tiny_model_dir, cache_dir=tmp_path / "kv", max_resamples=0)
     assert not first.generate("sailor", "rest", seed=1).prefix_cache_hit
-    restarted = fresh(tiny_model_dir, cache_dir=tmp_path / "kv")
+    restarted = fresh(tiny_model_dir, cache_dir=tmp_path / "kv", max_resamples=0)
     assert len(restarted.prefix_cache) == 1
     assert restarted.generate("sailor", "rest", seed=1).prefix_cache_hit
 
@@ -408,3 +409,13 @@ def test_a_damaged_bundle_raises_naming_it(bundle_zip, tmp_path):
         LineGenerator.load(bad)
     with pytest.raises(ModelLoadError, match="no such model directory or bundle"):
         LineGenerator.load(tmp_path / "nowhere")
+
+
+def test_a_stray_byte_between_letters_keeps_two_words_apart():
+    from runtime.client.constraints import without_broken_bytes
+
+    # the masks read a byte that decodes to no character as a word's end: "b", a stray byte, "us"
+    # are two words, so the text must not join them into a banned "bus"
+    assert without_broken_bytes("these b\ufffdus back") == "these b us back"
+    assert without_broken_bytes("Halt!\ufffd Who\ufffd") == "Halt! Who"
+    assert without_broken_bytes("caf\ufffd\ufffd") == "caf"
