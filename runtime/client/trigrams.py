@@ -163,13 +163,14 @@ class TrigramTable:
         return out
 
     def _add(self, grams: Iterable[Trigram]) -> None:
+        # n counts the trigrams the table did not already hold, judged against its bits before
+        # any is added, so the count does not depend on the order of a set's iteration
+        fresh = [tri for tri in grams if tri not in self]
         bits = self._bits
-        for tri in grams:
-            if tri in self:
-                continue  # (already held, or a false positive: counting it again would overstate n)
+        for tri in fresh:
             for p in _probes(tri, self.m, self.k):
                 bits[p >> 3] |= 1 << (p & 7)
-            self.n += 1
+        self.n += len(fresh)
         self._seen.clear()
 
     # ------------------------------------------------------------ reading
