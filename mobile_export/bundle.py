@@ -138,7 +138,7 @@ def _build(src: Path, stage: Path, work: Path, target: str, model_id: str,
     (stage / "reference.json").write_text(json.dumps(
         {"settings": settings, "source": SOURCE_MODEL, "cases": expected}, ensure_ascii=False) + "\n")
     bundled = FlashOnnx.open_files(stage, MODEL_FILE, _ort_options())
-    mismatches = compare_cases(expected, generate_cases(bundled, settings))
+    mismatches = compare_cases(expected, generate_cases(bundled, settings), model=bundled)
     if mismatches:
         raise BundleExportError(f"the ORT model for target {target}, written by onnxruntime {built_with}, "
                                 f"does not reproduce the Python runtime's tokens under onnxruntime "

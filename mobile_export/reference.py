@@ -57,8 +57,38 @@ def generate_cases(model: FlashOnnx, settings: Mapping[str, Any] | None = None) 
     return cases
 
 
-def compare_cases(expected: list[Mapping[str, Any]], got: list[Mapping[str, Any]]) -> list[str]:
-    """One message per case whose ids differ (or that one side lacks); empty when all match."""
+TIE_TOLERANCE = 0.01
+"""How close, in logits, the two tokens where a replayed line parts from its reference may be for
+that to count as a near tie rather than a mismatch: the ORT-format conversion and other
+onnxruntime builds round the last bits differently, so a greedy line flips where its two best
+tokens are this close (a fine-tune's sailor/alert line ended on eos at 0.7899 against " I" at
+0.7876); everywhere else the replay must agree token for token."""
+
+
+def _near_tie(model: FlashOnnx, case: Mapping[str, Any], at: int, got: list[int], tolerance: float) -> bool:
+    """Whether ``model``'s logits after the reference's first ``at`` tokens put the token the
+    reference took there and the one the replay took (``eos`` where a line ended) within
+    ``tolerance``."""
+    import numpy as np
+
+    tok = model.tokenizer
+    assert tok is not None
+    want = list(case["ids"])
+    prefix = [*case["prompt_ids"], *want[:at]]
+    logits, _, _ = model.step(np.asarray([prefix], dtype=np.int64), None)
+    row = logits[0, -1]
+    a = want[at] if at < len(want) else tok.eos_id
+    b = got[at] if at < len(got) else tok.eos_id
+    return bool(abs(float(row[a]) - float(row[b])) <= tolerance)
+
+
+def compare_cases(expected: list[Mapping[str, Any]], got: list[Mapping[str, Any]], *,
+                  model: FlashOnnx | None = None, tolerance: float = TIE_TOLERANCE,
+                  ties: list[str] | None = None) -> list[str]:
+    """One message per case whose ids differ (or that one side lacks); empty when all match.
+    ``model``: the model that replayed ``got``; a case that parts from its reference where that
+    model's logits for the two tokens are within ``tolerance`` is a near tie
+    (:data:`TIE_TOLERANCE`), not a mismatch, and is named in ``ties`` when given."""
     problems: list[str] = []
     want = {(c["archetype"], c["state"]): c for c in expected}
     have = {(c["archetype"], c["state"]): c for c in got}
@@ -70,9 +100,13 @@ def compare_cases(expected: list[Mapping[str, Any]], got: list[Mapping[str, Any]
         elif list(want[key]["ids"]) != list(have[key]["ids"]):
             w, h = list(want[key]["ids"]), list(have[key]["ids"])
             at = next((i for i, (x, y) in enumerate(zip(w, h)) if x != y), min(len(w), len(h)))
+            if model is not None and _near_tie(model, want[key], at, h, tolerance):
+                if ties is not None:
+                    ties.append(f"{key[0]}/{key[1]} from position {at}")
+                continue
             problems.append(f"{key[0]}/{key[1]} (seed {want[key]['seed']}): tokens differ from "
                             f"position {at}: expected {w[at:at + 4]}..., got {h[at:at + 4]}...")
     return problems
 
 
-__all__ = ["INTENT", "MAX_TOKENS", "SEED", "compare_cases", "generate_cases", "reference_settings"]
+__all__ = ["INTENT", "MAX_TOKENS", "SEED", "TIE_TOLERANCE", "compare_cases", "generate_cases", "reference_settings"]

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mobile_export.reference import TIE_TOLERANCE
 from mobile_export.toolchain import ToolchainError, run_worker
 from runtime.client.bundle import BundleError, open_bundle
 from runtime.client.signature import SIGNATURE, PublicKey, key_id, raw_public_key
@@ -136,9 +137,12 @@ def _run_worker(path: str | Path, ref_path: Path, source: str, timeout_s: float,
         return Check(name, False, f"{len(result['mismatches'])} of {result['cases']} lines differ "
                      f"from {source} under onnxruntime {result['onnxruntime']}: {shown}"
                      + (f"; and {more} more" if more > 0 else ""))
+    ties = result.get("near_ties") or []
+    parted = (f" ({len(ties)} part from it at a near tie, within {TIE_TOLERANCE} logits: {', '.join(ties[:3])})"
+              if ties else "")
     return Check(name, True, f"fresh process (no torch, no training code), onnxruntime "
                  f"{result['onnxruntime']}: {result['cases']} lines (every archetype x state) match "
-                 f"{source} token for token; load {result['load_ms']} ms, generation "
+                 f"{source} token for token{parted}; load {result['load_ms']} ms, generation "
                  f"{result['generate_ms']} ms")
 
 

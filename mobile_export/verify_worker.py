@@ -58,8 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         every = {(a, s) for a in tok.catalog["archetypes"] for s in tok.catalog["states"]}
         missing = sorted(every - {(c["archetype"], c["state"]) for c in reference["cases"]})
         mismatches = [f"{a}/{s}: no reference line recorded" for a, s in missing]
-        mismatches += compare_cases(reference["cases"], got)
-        result.update(cases=len(got), mismatches=mismatches, load_ms=round((t1 - t0) * 1e3, 1),
+        ties: list[str] = []
+        mismatches += compare_cases(reference["cases"], got, model=model, ties=ties)
+        result.update(cases=len(got), mismatches=mismatches, near_ties=ties, load_ms=round((t1 - t0) * 1e3, 1),
                       generate_ms=round((t2 - t1) * 1e3, 1),
                       example={"archetype": got[0]["archetype"], "state": got[0]["state"],
                                "text": got[0]["text"]} if got else None)
