@@ -42,40 +42,46 @@ async def test_a_worker_killed_mid_run_leaves_no_request_unanswered(front, worke
             lines[i].append(await sessions[i].request_line("greet", max_tokens=24))
 
     talkers = [asyncio.create_task(talk(i)) for i in range(len(clients))]
-    await until(lambda: min(len(x) for x in lines) >= 2, 20, "two lines for every client")
-    # stop the victim, ask each of its clients for one more line (it cannot be answered:
-    # surely in flight), then kill -9 the victim
-    victim.proc.send_signal(signal.SIGSTOP)
-    answered_at_stop = [len(x) for x in lines]
-    asked: list[int] = []
+    try:
+        await until(lambda: min(len(x) for x in lines) >= 2, 20, "two lines for every client")
+        # stop the victim, ask each of its clients for one more line (it cannot be answered:
+        # surely in flight), then kill -9 the victim
+        victim.proc.send_signal(signal.SIGSTOP)
+        answered_at_stop = [len(x) for x in lines]
+        asked: list[int] = []
 
-    async def in_flight(i: int) -> Line:
-        asked.append(i)  # request_line sends before its first await
-        return await sessions[i].request_line("greet", max_tokens=24)
+        async def in_flight(i: int) -> Line:
+            asked.append(i)  # request_line sends before its first await
+            return await sessions[i].request_line("greet", max_tokens=24)
 
-    stranded = [asyncio.create_task(in_flight(i)) for i in on_victim]
-    await until(lambda: len(asked) == len(on_victim), 5, "the stranded requests sent")
-    victim.kill()
-    for line in await asyncio.wait_for(asyncio.gather(*stranded), 10):
-        assert line.fallback and line.fallback_reason == "worker_lost" and line.text
-        assert line.worker == "w2"
+        stranded = [asyncio.create_task(in_flight(i)) for i in on_victim]
+        await until(lambda: len(asked) == len(on_victim), 5, "the stranded requests sent")
+        victim.kill()
+        for line in await asyncio.wait_for(asyncio.gather(*stranded), 10):
+            assert line.fallback and line.fallback_reason == "worker_lost" and line.text
+            assert line.worker == "w2"
 
-    def recovered(i: int) -> bool:
-        after = lines[i][answered_at_stop[i]:]
-        return any(not x.fallback and x.worker != "w2" for x in after)
+        def recovered(i: int) -> bool:
+            after = lines[i][answered_at_stop[i]:]
+            return any(not x.fallback and x.worker != "w2" for x in after)
 
-    await until(lambda: all(recovered(i) for i in on_victim), 20,
-                "real lines from another worker for the victim's clients")
-    stop.set()
-    await asyncio.wait_for(asyncio.gather(*talkers), 10)
-    assert [len(x) for x in lines] == sent  # every request answered
-    for i in on_victim:
-        tail = lines[i][answered_at_stop[i]:]
-        lost = [k for k, x in enumerate(tail) if x.fallback_reason in CLIENT_REASONS]
-        assert all(tail[k].fallback_reason == "worker_lost" for k in lost)
-        assert all(x.worker in ("w0", "w1") for x in tail[lost[-1] + 1 if lost else 0:])
-        assert clients[i].reopens == 1 and sessions[i].opens == 2
-    others = [i for i in range(len(clients)) if i not in on_victim]
-    assert all(not any(x.fallback_reason in CLIENT_REASONS for x in lines[i]) for i in others)
-    for c in clients:
-        await c.close()
+        await until(lambda: all(recovered(i) for i in on_victim), 20,
+                    "real lines from another worker for the victim's clients")
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*talkers), 10)
+        assert [len(x) for x in lines] == sent  # every request answered
+        for i in on_victim:
+            tail = lines[i][answered_at_stop[i]:]
+            lost = [k for k, x in enumerate(tail) if x.fallback_reason in CLIENT_REASONS]
+            assert all(tail[k].fallback_reason == "worker_lost" for k in lost)
+            assert all(x.worker in ("w0", "w1") for x in tail[lost[-1] + 1 if lost else 0:])
+            assert clients[i].reopens == 1 and sessions[i].opens == 2
+        others = [i for i in range(len(clients)) if i not in on_victim]
+        assert all(not any(x.fallback_reason in CLIENT_REASONS for x in lines[i]) for i in others)
+    finally:  # a failed check must not leave the victim stopped (it would hold the pool's teardown)
+        stop.set()
+        for t in talkers:
+            t.cancel()
+        victim.kill()
+        for c in clients:
+            await asyncio.wait_for(c.close(), 10)
