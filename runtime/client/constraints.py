@@ -81,11 +81,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from runtime.client.trigrams import TrigramTable
 from runtime.paths import DEFAULT_MODEL_DIR
 
 if TYPE_CHECKING:
     from runtime.client.bigrams import BigramMask, BigramTable
+    from runtime.client.trigrams import TrigramTable
     from runtime.tokenizer import Tokenizer
 
 _WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
@@ -1868,7 +1868,10 @@ class Constraints:
         if data.get("bigrams") is not None:
             from runtime.client.bigrams import table_of
             bigrams = table_of(data, vocabulary, slot_rules.slots)
-        trigrams = None if data.get("trigrams") is None else TrigramTable.from_json(data["trigrams"])
+        trigrams = None
+        if data.get("trigrams") is not None:
+            from runtime.client.trigrams import TrigramTable
+            trigrams = TrigramTable.from_json(data["trigrams"])
         return cls(list(banned), slot_rules, vocabulary, signatures, defaults, voice, bigrams, trigrams)
 
 

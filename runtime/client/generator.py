@@ -197,7 +197,6 @@ class _Row:
     cut: int = -1  # character index of a stop string in the decoded text
     hit: bool = False
     vetoed: bool = False  # the sample was abandoned (runtime.client.constraints.vetoed)
-    checked: int = 0  # characters of the decoded text whose trigrams were checked (LineGenerator.trigrams)
     reader: TrigramReader = field(default_factory=TrigramReader)  # its trigrams read so far
     text: str = ""  # the decoded text of the first ``text_n`` tokens (LineGenerator._text)
     text_n: int = 0
@@ -733,11 +732,9 @@ class LineGenerator:
                 yield from self._yield_fallback(prep, "deadline", row, stream)
                 return
             if shown and row.finish == "blocked" and attempt < self.max_resamples:
-                why = "blocked"  # a stream goes on from what it has shown, with another sample
-                with self._stats_lock:
-                    self._counts["resamples"] += 1
-                continue
-            line, why = self._finish(row, attempt + 1, shown=bool(shown))
+                line, why = None, "blocked"  # a stream goes on from what it has shown, with another sample
+            else:
+                line, why = self._finish(row, attempt + 1, shown=bool(shown))
             if line is not None:
                 if stream and line.text[len(shown):]:
                     yield line.text[len(shown):]
@@ -758,7 +755,7 @@ class LineGenerator:
         yield line
 
     def _row_raw(self, row: _Row) -> str:
-        text = self.tokenizer.decode(row.tokens)
+        text = self._text(row)
         return text[: row.cut] if row.cut >= 0 else text
 
     def _finish(self, row: _Row, attempts: int, *, shown: bool = False) -> tuple[Line | None, str | None]:
@@ -999,7 +996,7 @@ class LineGenerator:
                 # at the budget's last token that is where it ends anyway (length), else the
                 # sample is drawn again (blocked)
                 last = len(r.tokens) + 1 >= r.budget
-                r.finish, r.cut = "length" if last else "blocked", len(settled_text(self.tokenizer.decode(r.tokens)))
+                r.finish, r.cut = "length" if last else "blocked", len(settled_text(self._text(r)))
                 return None, False
             if tok is None or tok == eos:
                 r.finish = "eos"
@@ -1013,7 +1010,7 @@ class LineGenerator:
             if self.trigrams is not None and self._trigram_stop(r, final=False):
                 return None, False
             if r.prep.req.stop:
-                cut = stop_index(self.tokenizer.decode(r.tokens), r.prep.req.stop)
+                cut = stop_index(self._text(r), r.prep.req.stop)
                 if cut >= 0:
                     r.cut, r.finish = cut, "stop"
             if r.finish is None and len(r.tokens) >= r.budget:
@@ -1035,15 +1032,14 @@ class LineGenerator:
 
     def _trigram_stop(self, r: _Row, *, final: bool) -> bool:
         """Stop ``r`` as ``blocked`` if its text now holds a trigram :attr:`trigrams` lacks: its
-        complete words (``final``: all of it, the line's end included) past ``r.checked``."""
+        complete words (``final``: all of it, the line's end included) its reader has not read."""
         assert self.trigrams is not None
         text = self._text(r)
         if not final:
             text = settled_text(text)
-            if len(text) <= r.checked:
+            if len(text) <= r.reader.read:
                 return False
         hit = self.trigrams.first_unseen(text, reader=r.reader, final=final)
-        r.checked = len(text)
         if hit is None:
             return False
         _tri, cut, end = hit

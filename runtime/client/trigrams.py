@@ -9,7 +9,7 @@ sentence before it, and falls back to an authored line when every draw has one.
 
 What a *trigram* is (:func:`line_trigrams`, one rule for the export that derives the table, the
 engines that check lines and the evaluation): a line is read as a run of *tokens* — words
-(lower-cased ``[a-z]+`` with at most one inner apostrophe), ``{slot}`` markers, and the marks
+(the vocabulary's: :data:`runtime.client.constraints._WORD`, lower-cased), ``{slot}`` markers, and the marks
 ``, ; : . ! ?`` and ``...`` (``…`` reads as ``...``) — split into *sentences*, each ending at a run of
 ``. ! ? ...``. Every sentence is read from a start token :data:`START`, so what may open a
 sentence is one rule whether it opens the line or follows another sentence; a line whose last
@@ -20,13 +20,13 @@ Other characters (hyphens, quotes, dashes) are not tokens.
 
 :class:`TrigramTable` is what the export derives from the book's lines and ``constraints.json``
 ships under the key ``trigrams``: a Bloom filter (``m`` bits, ``k`` probes from one BLAKE2b hash
-of the trigram, double hashing), about 8 bits a trigram, so the 42,000 trigrams of the default
-book take ~42 KB where an exact set would take several times that, and the mobile bundle keeps
+of the trigram, double hashing), 8 bits a trigram, so the 35,986 trigrams of the default book
+(v3.1) take 36 KB where an exact set would take several times that, and the mobile bundle keeps
 to its 8 MB budget. A Bloom filter has no false negatives: every trigram of the book passes. It
 has false positives (:attr:`TrigramTable.false_positive_rate`, ~2%): that share of unseen
 trigrams passes too, so the check lets a few stitched lines through and never refuses a book line::
 
-    "trigrams": {"m": 338216, "k": 6, "n": 42286, "bits": "<base64 of m / 8 bytes, bit i = byte i >> 3, bit i & 7>"}
+    "trigrams": {"m": 287888, "k": 6, "n": 35986, "bits": "<base64 of m / 8 bytes, bit i = byte i >> 3, bit i & 7>"}
 
 A fine-tune adds its studio's lines to the base model's table (:meth:`TrigramTable.with_texts`:
 the same ``m`` and ``k``, so the filter fills further and its false-positive rate rises).
@@ -42,6 +42,8 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from runtime.client.constraints import _SLOT_MARKER, _WORD
+
 if TYPE_CHECKING:
     from runtime.tokenizer import Tokenizer
 
@@ -54,7 +56,7 @@ BITS_PER_TRIGRAM = 8.0
 """The filter's size per trigram the export writes: ~2% false positives with :data:`PROBES` probes."""
 PROBES = 6
 
-_TOKEN = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z]+(?:'[A-Za-z]+)?|\.\.\.|\u2026|[.,!?;:]")
+_TOKEN = re.compile(rf"{_SLOT_MARKER.pattern}|{_WORD.pattern}|\.\.\.|\u2026|[.,!?;:]", re.IGNORECASE)
 
 Trigram = tuple[str, str, str]
 
@@ -204,7 +206,7 @@ class TrigramTable:
     @property
     def fill(self) -> float:
         """The share of the filter's bits that are set."""
-        return sum(bin(b).count("1") for b in self._bits) / self.m
+        return int.from_bytes(self._bits, "little").bit_count() / self.m
 
     @property
     def false_positive_rate(self) -> float:
@@ -255,12 +257,6 @@ def tokens_through(tokenizer: Tokenizer, tokens: Sequence[int], end: int) -> int
     return hi
 
 
-def unseen_trigram_lines(texts: Iterable[str], table: TrigramTable) -> float:
-    """The share of ``texts`` with a trigram ``table`` does not hold (the evaluation's figure)."""
-    items = list(texts)
-    return sum(table.first_unseen(t) is not None for t in items) / max(len(items), 1)
-
-
 __all__ = [
     "BITS_PER_TRIGRAM",
     "END",
@@ -272,5 +268,4 @@ __all__ = [
     "line_tokens",
     "line_trigrams",
     "tokens_through",
-    "unseen_trigram_lines",
 ]

@@ -22,6 +22,7 @@ from runtime.client.trigrams import (
 )
 from runtime.factory.export import book_lines
 from runtime.factory.linebook import load_line_book
+from runtime.paths import DEFAULT_MODEL_DIR
 
 
 @pytest.fixture(scope="module")
@@ -226,7 +227,7 @@ def test_the_evaluation_samples_lines_as_the_engine_serves_them(shipped):
     from runtime.client.onnx_model import FlashOnnx
     from runtime.factory.evaluate import EvalConfig, Sampler
 
-    model = FlashOnnx.load(shipped_root())
+    model = FlashOnnx.load(DEFAULT_MODEL_DIR)
     sampler = Sampler(model, EvalConfig.fast(), load_line_book())
     assert sampler.trigrams is not None
     reqs = [(r.npc, tuple(r.persona or ()), r.state, r.intent, dict(r.context or {})) for r in _requests(shipped, 16)]
@@ -235,8 +236,3 @@ def test_the_evaluation_samples_lines_as_the_engine_serves_them(shipped):
     assert len(kept) >= 12
     assert [t for t in kept if sampler.trigrams.first_unseen(t) is not None] == []
 
-
-def shipped_root():
-    from runtime.paths import DEFAULT_MODEL_DIR
-
-    return DEFAULT_MODEL_DIR
