@@ -25,7 +25,7 @@ import difflib
 import hashlib
 import random
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,7 +42,9 @@ if TYPE_CHECKING:
 DEFAULT_PATH = DEFAULT_LINE_BOOK_DIR
 
 # group names with built-in meaning; every other [group] is an archetype voice group
-BUILTIN_GROUPS = ("lead", "coda", "reply", "mood", "ctx", "tag", "own")
+BUILTIN_GROUPS = ("lead", "coda", "reply", "mood", "ctx", "tag", "own", "own_reply", "trait_reply")
+# groups that are whole parts of a line: only compose patterns may draw them
+_PART_GROUPS = frozenset(["lead", "coda", "reply", "tag", "own", "own_reply", "trait_reply"])
 TONES = ("calm", "urgent")
 FALLBACK_MAX_WORDS = 12
 """The most words a fallback line should say (:meth:`LineBook.lint` lists longer ones): it
@@ -412,10 +414,15 @@ _MAP_SECTIONS = (
     "fallbacks",
     "phrases",
     "own_lines",
+    "own_replies",
+    "trait_replies",
     "slot_defaults",
     "expansion",
 )
 _LIST_SECTIONS = ("slots", "banned_words", "compose", "heldout_pairs")
+# mapping sections whose entries may be split further across files (one archetype's or trait's
+# states in two files): a (name, state, intent) cell defined twice is the error, not the name
+_CELL_SECTIONS = ("own_replies", "trait_replies")
 
 
 class LineBook:
@@ -831,6 +838,12 @@ class LineBook:
                     raise src.where.error(
                         f"own lines may only use the archetype's voice groups; [{sorted(bad)[0]}] is not one")
             self._own[(arch, state)] = srcs
+        # whole replies: archetype / persona trait -> state -> intent -> templates
+        every_voice = set.intersection(*(set(self._voice[a]) for a in self.archetypes))
+        self._own_replies = self._read_cells(raw, "own_replies", ("archetype", self.archetypes),
+                                             lambda arch: set(self._voice[arch]), lambda arch: self._arch_slots[arch])
+        self._trait_replies = self._read_cells(raw, "trait_replies", ("persona trait", self.persona_traits),
+                                               lambda _trait: every_voice, lambda _trait: set())
         # replies: state -> intent -> templates
         self._replies: dict[tuple[str, str], list[_Source]] = {}
         for rd, state, intent, ikey, inode, f in self._nested(raw, "replies", ("state", self.states),
@@ -865,8 +878,9 @@ class LineBook:
                 src = self._template(rd, fields["pattern"][1], f"{f}.pattern")
                 if src.slots:
                     raise src.where.error("a compose pattern may not use slots")
-                if not src.refs & {"lead", "coda", "reply", "own"}:
-                    raise src.where.error("a compose pattern must use [lead], [coda], [reply] or [own]")
+                if not src.refs & {"lead", "coda", "reply", "own", "own_reply", "trait_reply"}:
+                    raise src.where.error("a compose pattern must use [lead], [coda], [reply], [own], "
+                                          "[own_reply] or [trait_reply]")
                 weight = (
                     rd.integer(fields["weight"][1], f"{f}.weight", 1, 1000)
                     if "weight" in fields
@@ -961,6 +975,36 @@ class LineBook:
                     f"no fallback lines for this state (a list, or {ANY_INTENT!r} lines: what any intent gets)"
                 )
 
+    def _read_cells(self, raw: _Raw, section: str, outer: tuple[str, list[str]],
+                    voice: Callable[[str], set[str]], slots: Callable[[str], set[str]]
+                    ) -> dict[tuple[str, str, str], list[_Source]]:
+        """``own_replies`` / ``trait_replies``: name -> state -> intent -> whole replies, a cell
+        per (name, state, intent), which may be missing (the pattern drawing it is then not drawn
+        for that prompt) but not written twice, also across files. A reply may use the slots of
+        its state and intent (and ``slots(name)``) and the voice groups ``voice(name)``."""
+        cells: dict[tuple[str, str, str], list[_Source]] = {}
+        written: dict[tuple[str, str, str], _Where] = {}
+        for rd, name, state, _skey, snode, f in self._nested(raw, section, outer, ("state", self.states)):
+            for intent, ikey, inode in rd.mapping(snode, f):
+                cf = f"{f}.{intent}"
+                if intent not in self.intents:
+                    raise rd.fail(ikey, cf, _unknown("intent", intent, self.intents))
+                first = written.setdefault((name, state, intent), rd.where(ikey, cf))
+                if first.file != rd.file or first.line != ikey.start_mark.line + 1:
+                    raise rd.fail(ikey, cf, f"already defined at {first.file}:{first.line}")
+                srcs = self._templates(rd, inode, cf, marks="part")
+                self._check_slots(srcs, self._state_slots[state] | self._intent_slots[intent] | slots(name))
+                allowed = voice(name)
+                for src in srcs:
+                    bad = src.refs - allowed
+                    if bad:
+                        whose = ("the archetype's voice groups" if section == "own_replies"
+                                 else "the voice groups every archetype defines")
+                        raise src.where.error(f"{section} may only use {whose} ({', '.join(f'[{g}]' for g in sorted(allowed))}); "
+                                              f"[{sorted(bad)[0]}] is not one")
+                cells[(name, state, intent)] = srcs
+        return cells
+
     def _fallback_cell(self, rd: _Reader, node: yaml.Node, field: str, arch: str | None, state: str) -> None:
         """One state's fallbacks (``arch`` None: every archetype's): a list of intent-neutral
         templates, or a mapping of ``any`` and intents to lists. No slots: a fallback is served
@@ -1007,9 +1051,9 @@ class LineBook:
                                 "leave one that fits")
         # fragments that are drawn inside other fragments must not recurse into lead/reply
         for srcs in [*self._leads.values(), *self._codas.values(), *self._replies.values(),
-                     *self._own.values()]:
+                     *self._own.values(), *self._own_replies.values(), *self._trait_replies.values()]:
             for src in srcs:
-                bad = src.refs & {"lead", "coda", "reply", "tag"}
+                bad = src.refs & _PART_GROUPS
                 if bad:
                     raise src.where.error(
                         f"[{sorted(bad)[0]}] may only be used in compose patterns"
@@ -1066,6 +1110,17 @@ class LineBook:
         return set(
             self._arch_slots[archetype] | self._state_slots[state] | self._intent_slots[intent]
         )
+
+    def missing_reply_cells(self) -> list[str]:
+        """The whole-reply cells not written yet, as fields (``own_replies.guard.alert.trade``,
+        ``trait_replies.gruff.idle.greet``), in catalog order: every archetype and every
+        persona trait × state × intent. A missing cell loads (the pattern drawing it is not
+        drawn for that prompt); this lists what a writer has left to do."""
+        return [f"{section}.{name}.{state}.{intent}"
+                for section, names, cells in (("own_replies", self.archetypes, self._own_replies),
+                                              ("trait_replies", self.persona_traits, self._trait_replies))
+                for name in names for state in self.states for intent in self.intents
+                if (name, state, intent) not in cells]
 
     def examples(self) -> list[Example]:
         """Every expanded example, in catalog order (archetype, state, intent), deterministic.
@@ -1211,6 +1266,12 @@ class LineBook:
                 ok = bool(self._fitting(self._own.get((arch, state), _NO_SOURCES), state, intent, position))
             elif group == "tag":
                 ok = bool(self._fitting(self._tags[arch][tone], state, intent, position))
+            elif group == "own_reply":
+                ok = bool(self._fitting(self._own_replies.get((arch, state, intent), _NO_SOURCES),
+                                        state, intent, position))
+            elif group == "trait_reply":
+                ok = any(self._fitting(self._trait_replies.get((t, state, intent), _NO_SOURCES),
+                                       state, intent, position) for t in persona)
             else:
                 continue
             if not ok:
@@ -1242,6 +1303,8 @@ class LineBook:
                         persona = self._draw_persona(rng)
                         ctx = self._draw_context(rng)
                         usable = [p for p in patterns if self._usable(p, arch, state, intent, tone, persona, ctx)]
+                        if not usable:
+                            continue
                         pattern = rng.choices(usable, weights=[p.weight for p in usable])[0]
                         env = _Env(self, arch, state, intent, tone, persona, ctx, rng)
                         pieces: list[str] = []
@@ -1343,9 +1406,12 @@ class LineBook:
             srcs = [(s, arch) for g in self._voice[arch].values() for s in g]
             srcs += [(s, arch) for t in TONES for s in self._tags[arch][t]]
             srcs += [(s, arch) for st in self.states for s in self._own.get((arch, st), [])]
+            srcs += [(s, arch) for (a, _st, _i), cell in self._own_replies.items() if a == arch for s in cell]
             out[f"archetype:{arch}"] = srcs
         for trait in self.persona_traits:
             out[f"persona:{trait}"] = [(s, None) for t in TONES for s in self._moods[trait][t]]
+            out[f"persona:{trait}"] += [(s, None) for (tr, _st, _i), cell in self._trait_replies.items()
+                                        if tr == trait for s in cell]
         for (slot, value), frags in self._ctx_frags.items():
             out[f"context:{slot}={value}"] = [(s, None) for t in TONES for s in frags[t]]
         return out
@@ -1487,6 +1553,11 @@ class _Env:
             options = self._fit(book._tags[self.arch][self.tone])
         elif group == "own":
             options = self._fit(book._own.get((self.arch, self.state), _NO_SOURCES))
+        elif group == "own_reply":
+            options = self._fit(book._own_replies.get((self.arch, self.state, self.intent), _NO_SOURCES))
+        elif group == "trait_reply":
+            options = [s for t in self.persona
+                       for s in self._fit(book._trait_replies.get((t, self.state, self.intent), _NO_SOURCES))]
         elif group == "mood":
             options = [s for t in self.persona for s in self._fit(book._moods[t][self.tone])]
         elif group == "ctx":
@@ -1579,7 +1650,7 @@ def _read_file(path: Path, raw: _Raw) -> None:
             bucket = raw.sections.setdefault(section, [])
             for name, nkey, nvalue in rd.mapping(value, section):
                 for other_rd, other_name, other_key, _ in bucket:
-                    if other_name == name:
+                    if other_name == name and section not in _CELL_SECTIONS:
                         raise rd.fail(
                             nkey,
                             f"{section}.{name}",
