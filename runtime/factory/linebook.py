@@ -1284,7 +1284,28 @@ class LineBook:
         problems (an artifact, a line over :data:`FALLBACK_MAX_WORDS` words, an intent of a state
         no fallback answers): what a writer should fix."""
         self.examples()
-        return list(self._lint_log) + self._fallback_lint()
+        return list(self._lint_log) + self._fallback_lint() + self._reply_lint()
+
+    def _reply_lint(self) -> list[LintProblem]:
+        """Whole replies (``own_replies``, ``trait_replies``) with an expansion that is never
+        drawn as a line of its own: one that reads as an artifact (:func:`lint_line`) or has
+        fewer than ``min_words`` or more than ``max_words`` words. Each template's first
+        expansions are read in an archetype's voice (its own; a trait reply's in every
+        archetype's), up to 16 per archetype."""
+        problems: list[LintProblem] = []
+        cells = [(src, [arch]) for (arch, _s, _i), srcs in self._own_replies.items() for src in srcs]
+        cells += [(src, self.archetypes) for srcs in self._trait_replies.values() for src in srcs]
+        for src, archs in cells:
+            texts = dict.fromkeys(_normalize("".join(t)) for arch in archs
+                                  for t in self._enumerate(src.template, arch, limit=16))
+            for text in texts:
+                n = len(text.split())
+                problem = lint_line(text) or (
+                    f"{n} words, outside [{self.min_words}, {self.max_words}]: never drawn alone"
+                    if not self.min_words <= n <= self.max_words else None)
+                if problem is not None:
+                    problems.append(LintProblem(text, problem, (f"{src.where.file}:{src.where.line}",)))
+        return problems
 
     def _expand_all(self) -> Iterator[Example]:
         self._lint_log: list[LintProblem] = []

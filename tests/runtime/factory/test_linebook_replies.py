@@ -159,3 +159,14 @@ def test_a_part_group_inside_a_reply_is_refused(tmp_path: Path) -> None:
         load_line_book(write(tmp_path, text))
     assert info.value.field == "replies.idle.greet[0]"
     assert "[own_reply] may only be used in compose patterns" in info.value.problem
+
+
+def test_lint_lists_a_whole_reply_too_long_to_be_drawn_alone(tmp_path: Path) -> None:
+    long = ("Evening watch is dull, [address], and the hours drag past the gate, the wall, the tower, "
+            "the lane, the well and the old mill by the ford.")
+    text = book_text(OWN_REPLIES).replace("Evening watch is dull, [address], but hello to you.", long)
+    book = load_line_book(write(tmp_path, text))
+    problems = [p for p in book.lint() if "never drawn alone" in p.problem]
+    assert problems and all(p.sources == (f"{tmp_path / 'book.yaml'}:{line_of(text, 'old mill')}",) for p in problems)
+    assert not any("old mill" in e.text for e in book.examples())
+    assert not [p for p in load_line_book(write(tmp_path, book_text(OWN_REPLIES))).lint() if "never drawn" in p.problem]
