@@ -329,6 +329,7 @@ class _Pattern:
     refs: frozenset[str] = frozenset()
     positions: tuple[str | None, ...] = ()  # per template part: see _part_positions
     fit: _Source | None = None  # the pattern's not_with / only_with marks (fit.fits(state, intent, None))
+    max_sentences: int | None = None  # a line of more sentences is drawn again (None: any)
 
 
 _NO_SOURCES: list[_Source] = []  # one empty list: :meth:`LineBook._fitting` caches lists by id
@@ -869,9 +870,10 @@ class LineBook:
                 f = f"compose[{i}]"
                 fields = {k: (knode, v) for k, knode, v in rd.mapping(item, f)}
                 for k, (knode, _v) in fields.items():
-                    if k not in ("pattern", "weight", "tones", "not_with", "only_with"):
+                    if k not in ("pattern", "weight", "tones", "not_with", "only_with", "max_sentences"):
                         raise rd.fail(
-                            knode, f"{f}.{k}", "unknown field; known: pattern, weight, tones, not_with, only_with"
+                            knode, f"{f}.{k}",
+                            "unknown field; known: pattern, weight, tones, not_with, only_with, max_sentences"
                         )
                 if "pattern" not in fields:
                     raise rd.fail(item, f"{f}.pattern", "required field is missing")
@@ -897,8 +899,10 @@ class LineBook:
                                 f"unknown tone {t!r}; known: {list(TONES)}",
                             )
                 fit = replace(src, **self._fit_marks(rd, fields, f))
+                max_sentences = (rd.integer(fields["max_sentences"][1], f"{f}.max_sentences", 1, 100)
+                                 if "max_sentences" in fields else None)
                 self._patterns.append(_Pattern(src.template, weight, tones, src.where, src.refs,
-                                               _part_positions(src.template), fit))
+                                               _part_positions(src.template), fit, max_sentences))
         if not self._patterns:
             raise LineBookError(self._first_file, 1, "compose", "required section is missing")
         for tone in TONES:
@@ -1344,7 +1348,8 @@ class LineBook:
                                 text, problem, tuple(f"{w.file}:{w.line}" for w in
                                                      dict.fromkeys(src.where for src in env.sources))))
                         if (text in seen or problem is not None
-                                or not self.min_words <= n_words <= self.max_words):
+                                or not self.min_words <= n_words <= self.max_words
+                                or (pattern.max_sentences is not None and sentences(text) > pattern.max_sentences)):
                             continue
                         other = text_state.get(text)
                         if other is not None and other[0] != state:
@@ -1620,6 +1625,16 @@ def _normalize(text: str) -> str:
     text = _SPACE_PUNCT_RE.sub(r"\1", text)
     text = re.sub(r",([.!?])", r"\1", text)
     return _SENTENCE_RE.sub(lambda m: m.group(1) + m.group(2).upper(), text)
+
+
+_SENTENCE_END_RE = re.compile(r"[.!?]+(?=\s|$)")
+
+
+def sentences(text: str) -> int:
+    """How many sentences an expanded line says: its runs of ``.``, ``!`` or ``?`` that end a
+    word before a space or the end ("Halt! Who goes there?" is 2, "Wait... what?" 2, "{location}?" 1).
+    A compose pattern's ``max_sentences`` keeps to lines of at most that many."""
+    return len(_SENTENCE_END_RE.findall(text))
 
 
 def lint_line(text: str) -> str | None:

@@ -170,3 +170,20 @@ def test_lint_lists_a_whole_reply_too_long_to_be_drawn_alone(tmp_path: Path) -> 
     assert problems and all(p.sources == (f"{tmp_path / 'book.yaml'}:{line_of(text, 'old mill')}",) for p in problems)
     assert not any("old mill" in e.text for e in book.examples())
     assert not [p for p in load_line_book(write(tmp_path, book_text(OWN_REPLIES))).lint() if "never drawn" in p.problem]
+
+
+def test_max_sentences_keeps_a_patterns_lines_to_that_many_sentences(tmp_path: Path) -> None:
+    ctx = PATTERNS + '  - pattern: "[own_reply] [ctx]"\n    weight: 50\n    max_sentences: 2\n'
+    two = OWN_REPLIES.replace('        - {text: "Gatepost', '        - "Hello again. Dull watch."\n        - {text: "Gatepost')
+    text = MINI.replace("compose:\n", two + "compose:\n" + ctx)
+    examples = load_line_book(write(tmp_path, text)).examples()
+    composed = [e.text for e in examples if e.text.endswith("It is raining.")]
+    # a one-sentence reply takes the rain remark; "Hello again. Dull watch." (two) does not
+    assert {"Gatepost and me, we bid you good day. It is raining.",
+            "Evening watch is dull, citizen, but hello to you. It is raining."} <= set(composed)
+    assert not any("Dull watch. It is raining." in t for t in composed)
+    unbounded = load_line_book(write(tmp_path, text.replace("    max_sentences: 2\n", ""))).examples()
+    assert any(e.text.endswith("Dull watch. It is raining.") for e in unbounded)
+    with pytest.raises(LineBookError) as info:
+        load_line_book(write(tmp_path, text.replace("max_sentences: 2", "max_sentences: 0")))
+    assert info.value.field.endswith(".max_sentences") and "outside [1, 100]" in info.value.problem
