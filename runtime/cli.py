@@ -42,6 +42,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -97,6 +98,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tiny", action="store_true", help="tiny model and schedule, for smoke tests")
     parser.add_argument("--threads", type=int, default=None, metavar="N",
                         help="CPU threads for torch (default: all cores, at most 8)")
+    parser.add_argument("--budget-s", type=float, default=None, metavar="S",
+                        help="cut the schedule (at most --steps) to what fits in about S seconds of "
+                             "training, timed over its first steps (for a machine lent for a fixed time)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--json", action="store_true",
                         help="print the final figures as one JSON object on stdout instead of text")
@@ -149,6 +153,10 @@ def run_train(args: argparse.Namespace) -> int:
         model_cfg, train_cfg = build_configs(args)
     except (ValueError, TypeError) as exc:
         print(f"flashnpc train: error: {exc}", file=sys.stderr)
+        return 2
+    if args.budget_s is not None and not (math.isfinite(args.budget_s) and args.budget_s > 0):
+        print(f"flashnpc train: error: --budget-s must be a number of seconds > 0, got {args.budget_s}",
+              file=sys.stderr)
         return 2
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
@@ -207,7 +215,8 @@ def run_train(args: argparse.Namespace) -> int:
     try:
         log = train(out, train_examples=split.train, val_examples=split.val, tokenizer=tokenizer,
                     catalog=book.catalog(), model_config=model_cfg, train_config=train_config,
-                    device=device, resume=resume, init_from=init_model, progress=not args.quiet)
+                    device=device, resume=resume, init_from=init_model, progress=not args.quiet,
+                    budget_s=args.budget_s)
     except KeyboardInterrupt:
         print(f"\ninterrupted; checkpoint saved in {out}, continue with --resume", file=sys.stderr)
         return 130
@@ -216,7 +225,7 @@ def run_train(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"out": str(out), "device": device, **{k: log.get(k) for k in (
             "num_params", "final", "val", "model_config", "train_config", "train_examples",
-            "dropped_too_long", "threads", "resumed_at")}})
+            "dropped_too_long", "threads", "resumed_at", "budget")}})
         return 0
     print(
         f"done: step {final['step']}, params {counts['total']:,} total / "

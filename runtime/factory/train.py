@@ -23,7 +23,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -210,6 +210,31 @@ def _epoch_permutation(n: int, seed: int, epoch: int) -> list[int]:
 # --------------------------------------------------------------------------- schedule
 
 
+BUDGET_PROBE_STEPS = 20
+_PROBE_SKIP = 5
+# an evaluation's forward-only batches, counted at half a training step each (measured: a third to a half)
+_EVAL_BATCH_COST = 1 / 2
+
+
+def steps_for_budget(budget_s: float, step_s: float, cfg: TrainConfig) -> int:
+    """The most steps of ``step_s`` seconds each, with ``cfg``'s periodic and final
+    validations, that fit in ``budget_s`` seconds (at most ``cfg.steps``, at least 1)."""
+    eval_s = -(-cfg.eval_examples // cfg.batch_size) * step_s * _EVAL_BATCH_COST
+    per_step = step_s + eval_s / cfg.eval_interval
+    fit = int((budget_s - 3 * eval_s) / per_step)  # the two final validations, and a margin of one
+    return max(1, min(cfg.steps, fit))
+
+
+def _fit_budget(cfg: TrainConfig, left_s: float, step_s: float) -> tuple[TrainConfig, dict[str, Any]]:
+    """``cfg`` cut to the steps that fit in ``left_s`` more seconds after the probe."""
+    steps = BUDGET_PROBE_STEPS + steps_for_budget(left_s, step_s, cfg) if left_s > 0 else BUDGET_PROBE_STEPS
+    steps = min(cfg.steps, steps)
+    cut = cfg if steps == cfg.steps else replace(cfg, steps=steps,
+                                                 warmup_steps=min(cfg.warmup_steps, max(1, steps // 10)))
+    return cut, {"left_s_after_probe": left_s, "probe_steps": BUDGET_PROBE_STEPS, "step_s": step_s,
+                 "steps_asked": cfg.steps, "steps": steps}
+
+
 def learning_rate(step: int, cfg: TrainConfig) -> float:
     """Linear warmup to ``lr``, then cosine decay to ``min_lr`` at the last step."""
     if step < cfg.warmup_steps:
@@ -302,6 +327,7 @@ def train(
     init_from: Flash | None = None,
     progress: bool = True,
     on_step: Callable[[int, dict[str, Any]], None] | None = None,
+    budget_s: float | None = None,
 ) -> dict[str, Any]:
     """Train a Flash model into ``out_dir`` and return the final train log.
 
@@ -316,6 +342,13 @@ def train(
     when there is no checkpoint to resume: its config replaces ``model_config``, its weights the
     random init; the optimizer and the schedule (``train_config``) start fresh. ``tokenizer``
     must be the one it was trained with.
+
+    ``budget_s``: fit the run to about this many seconds of training loop (for a machine lent
+    for a fixed time). The first :data:`BUDGET_PROBE_STEPS` steps are timed and the schedule is
+    cut to the steps that fit (:func:`steps_for_budget`, never more than ``train_config.steps``
+    and never fewer than the probe); the cosine decay and the QAT phase follow the cut
+    schedule, and the log's ``budget`` says what was measured and chosen. A resumed run's
+    schedule is not cut.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -383,11 +416,23 @@ def train(
     lengths = [len(s.ids) for s in train_seqs]
     model.train()
     pad_id = tokenizer.pad_id
-    bar = _progress(range(start_step, tcfg.steps), initial=start_step, total=tcfg.steps, enabled=progress)
+    bar = _progress(initial=start_step, total=tcfg.steps, enabled=progress)
     tokens_seen, t0 = 0, time.perf_counter()
+    t_probe = t0
     completed = start_step  # optimiser steps applied so far
+    probe_end = start_step + BUDGET_PROBE_STEPS if budget_s is not None and ckpt is None else None
     try:
-        for step in bar:
+        step = start_step
+        while step < tcfg.steps:
+            if step == start_step + _PROBE_SKIP:
+                t_probe = time.perf_counter()  # the first steps warm caches and kernels up
+            if step == probe_end:
+                now = time.perf_counter()
+                tcfg, log["budget"] = _fit_budget(tcfg, budget_s - (now - t0),
+                                                  (now - t_probe) / (step - start_step - _PROBE_SKIP))
+                bar.total = tcfg.steps
+                if step >= tcfg.steps:
+                    break
             if step >= tcfg.qat_start_step and not model.config.qat:
                 model.set_qat(True)
             lr = learning_rate(step, tcfg)
@@ -429,9 +474,13 @@ def train(
                 save_checkpoint(out, model, optimizer, completed, tcfg, log)
             if on_step is not None:
                 on_step(step, record)
+            bar.update(1)
+            step += 1
     except KeyboardInterrupt:
         save_checkpoint(out, model, optimizer, completed, tcfg, log)  # so --resume picks up here
         raise
+    finally:
+        bar.close()
 
     final_step = max(start_step, tcfg.steps)
     qat_on = model.config.qat
@@ -473,8 +522,8 @@ def initial_model(path: str | Path) -> tuple[Flash, Any]:
     return model.float(), tok
 
 
-def _progress(it: range, *, initial: int, total: int, enabled: bool) -> Any:
+def _progress(*, initial: int, total: int, enabled: bool) -> Any:
     from tqdm import tqdm
 
-    return tqdm(it, initial=initial, total=total, desc="train", unit="step", dynamic_ncols=True,
+    return tqdm(initial=initial, total=total, desc="train", unit="step", dynamic_ncols=True,
                 disable=not enabled)
