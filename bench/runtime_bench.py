@@ -26,6 +26,14 @@ Peers (all LineGenerator, same weights):
   int4 dense       every expert computed for every token, then gated (built from --checkpoint)
   int4 no-cache    the shipped graph with the prefix KV cache off
 
+``--pipeline`` runs only the engine's pipelined decode loop against its serial one
+(``LineGenerator(pipelined=...)``: the next position's masks made on a mask thread while the
+model runs, or between the steps), each with the word constraints and with the static banned words only
+("no word cons."), in alternating order (reversed every other repetition), on ``--threads``
+intra-op threads; it reports wall time, the calling thread's CPU and the process's CPU (the mask
+thread and onnxruntime's pool included) per line, their ratios, and checks that both loops
+wrote the same lines.
+
 Also: the word constraints' CPU ratio on the first repetition's requests sent again (every mask
 state met: the steady cost, without the first meetings); a crowd of 16 lines (mixed prompt
 lengths) through ``generate_batch`` vs 16 single calls; load plus warm-up and resident memory in
@@ -61,6 +69,8 @@ class Peer:
     p99: list[float] = field(default_factory=list)
     ttft: list[float] = field(default_factory=list)
     cpu50: list[float] = field(default_factory=list)  # p50 of a line's thread CPU time (ms): immune to other processes
+    proc50: list[float] = field(default_factory=list)  # p50 of a line's process CPU time (ms): every thread's
+    lines: list[str] = field(default_factory=list)  # the texts of the last block's lines
     fallbacks: int = 0
     resampled: int = 0  # lines that took more than one sample (a dead end, a repeat)
 
@@ -93,11 +103,14 @@ def requests(gen: LineGenerator, npcs: list[dict], n: int, tokens: int, seed: in
 
 
 def run_block(peer: Peer, reqs: list[LineRequest]) -> None:
-    lat, ttft, cpu = [], [], []
+    lat, ttft, cpu, proc = [], [], [], []
+    peer.lines = []
     for r in reqs:
-        t = time.thread_time()
+        t, c = time.thread_time(), time.process_time()
         line = peer.gen.generate_request(r)
         cpu.append((time.thread_time() - t) * 1e3)
+        proc.append((time.process_time() - c) * 1e3)
+        peer.lines.append(line.text)
         lat.append(line.latency_ms)
         if line.ttft_ms is not None:
             ttft.append(line.ttft_ms)
@@ -106,6 +119,7 @@ def run_block(peer: Peer, reqs: list[LineRequest]) -> None:
     peer.p50.append(float(np.percentile(lat, 50)))
     peer.p99.append(float(np.percentile(lat, 99)))
     peer.cpu50.append(float(np.percentile(cpu, 50)))
+    peer.proc50.append(float(np.percentile(proc, 50)))
     peer.ttft.append(float(np.percentile(ttft, 50)) if ttft else float("nan"))
 
 
@@ -252,6 +266,64 @@ def io_binding_vs_plain(model: FlashOnnx, prompt: list[int], tokens: int, reps: 
     return statistics.median(times[0]), statistics.median(times[1]), statistics.median(times[2]), same
 
 
+def banned_words_only(gen: LineGenerator) -> LineGenerator:
+    """``gen`` with the static banned words only (no vocabulary, signatures or text rules): the
+    "no word cons." peer (load it with ``trigrams=None``)."""
+    gen.mask = WordConstraint(gen.banned_words, gen.tokenizer, text_rules=False)
+    gen.mask.precompute()
+    return gen
+
+
+def pipeline_main(args: argparse.Namespace, opts: dict) -> int:
+    """``--pipeline``: the pipelined decode loop against the serial one (see the module docstring)."""
+    def load(pipelined: bool, plain: bool) -> LineGenerator:
+        gen = LineGenerator.load(args.model, threads=args.threads, pipelined=pipelined, **opts,
+                                 **({"trigrams": None} if plain else {}))
+        return banned_words_only(gen) if plain else gen
+
+    peers = [Peer("pipelined", load(True, False)), Peer("serial", load(False, False)),
+             Peer("no word cons. pipelined", load(True, True)), Peer("no word cons. serial", load(False, True))]
+    npcs = village(peers[0].gen)
+    warm = [LineRequest(n["npc"], s, persona=n["persona"]) for n in npcs for s in peers[0].gen.catalog()["states"]]
+    for p in peers:
+        p.gen.warm_prefixes(warm)
+    same = True
+    for rep in range(args.reps):
+        reqs = requests(peers[0].gen, npcs, args.lines, args.tokens, seed=rep + 1)
+        for p in (peers if rep % 2 == 0 else peers[::-1]):
+            run_block(p, reqs)
+        same = same and peers[0].lines == peers[1].lines and peers[2].lines == peers[3].lines
+    for p in peers:
+        p.gen.close()
+    med = statistics.median
+    import onnxruntime
+
+    print(f"\nmodel: {args.model}  ({args.tokens} new tokens per line, {args.threads} intra-op thread(s), "
+          f"{args.reps} reps x {args.lines} lines per peer, order reversed every other rep)")
+    print(f"onnxruntime {onnxruntime.__version__}, Python {sys.version.split()[0]}")
+    print(f"{'peer':<26}{'wall p50':>10}{'wall p99':>10}{'thread CPU':>12}{'proc CPU':>10}{'fallbacks':>11}")
+    for p in peers:
+        print(f"{p.name:<26}{med(p.p50):>10.2f}{med(p.p99):>10.2f}{med(p.cpu50):>12.2f}{med(p.proc50):>10.2f}"
+              f"{p.fallbacks:>11}")
+    fig: dict[str, float] = {}
+    for key, (a, b) in {"pipelined / serial": (0, 1), "no word cons. pipelined / serial": (2, 3),
+                        "word constraints, pipelined": (0, 2), "word constraints, serial": (1, 3),
+                        "pipelined with / serial without": (0, 3)}.items():
+        pa, pb = peers[a], peers[b]
+        for what, get in (("wall", lambda p: p.p50), ("thread", lambda p: p.cpu50), ("proc", lambda p: p.proc50)):
+            fig[f"{key}: {what}"] = med(get(pa)) / med(get(pb))
+        print(f"{key:<34} wall {fig[key + ': wall']:.3f}x  thread CPU {fig[key + ': thread']:.3f}x  "
+              f"process CPU {fig[key + ': proc']:.3f}x")
+    print(f"same lines, pipelined and serial: {same}")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "threads": args.threads, "same_lines": same, "ratios": fig,
+            "peers": {p.name: {"p50_ms": med(p.p50), "p99_ms": med(p.p99), "cpu_p50_ms": med(p.cpu50),
+                               "proc_p50_ms": med(p.proc50), "fallbacks": p.fallbacks, "resampled": p.resampled}
+                      for p in peers}}, indent=2))
+    return 0 if same else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR, help="exported model directory")
@@ -263,15 +335,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--accept-gibberish", action="store_true",
                     help="keep lines of a guessing (untrained) model instead of falling back (dev runs)")
     ap.add_argument("--fresh", type=int, default=3, help="fresh processes for load time and memory (median)")
+    ap.add_argument("--pipeline", action="store_true",
+                    help="only the pipelined decode loop against the serial one (see above)")
+    ap.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads (--pipeline only)")
     args = ap.parse_args(argv)
+    if args.pipeline:
+        return pipeline_main(args, {"min_mean_logprob": None} if args.accept_gibberish else {})
 
     tmp = Path(tempfile.mkdtemp(prefix="flashnpc-bench-"))
     try:
         opts = {"min_mean_logprob": None} if args.accept_gibberish else {}
         base = LineGenerator.load(args.model, **opts)
-        plain = LineGenerator.load(args.model, **opts, trigrams=None)
-        plain.mask = WordConstraint(plain.banned_words, plain.tokenizer, text_rules=False)  # banned words only
-        plain.mask.precompute()
+        plain = banned_words_only(LineGenerator.load(args.model, **opts, trigrams=None))
         loose = LineGenerator.load(args.model, **opts)
         loose.mask = read_constraints(args.model).word_constraint(loose.tokenizer, text_rules=False)
         loose.mask.precompute()

@@ -291,6 +291,21 @@ class _Voice(NamedTuple):
     at_end: np.ndarray  # [vocab] ``end_val`` at ``end_idx``, else 0 (read-only)
 
 
+class MaskParts(NamedTuple):
+    """What masking a logits row in ``state`` takes that the row's values play no part in
+    (:meth:`WordConstraint.prepare`), for one (``state``, ``last``, ``ban``): the state's kept
+    mask (``base``, read-only), the other tokens the request blocks there (``ids``, one array;
+    None: none) and the voice bonus (``bonus``; None: none). The decode loop makes them for a
+    row's next position while the model computes that position's logits."""
+
+    state: WordState
+    last: bool
+    ban: int
+    base: np.ndarray
+    ids: np.ndarray | None
+    bonus: np.ndarray | None
+
+
 VOICE_KINDS = ("archetype", "persona", "context", "unasked", "within")
 """The keys of a voice bonus (:meth:`WordConstraint.voice_bonus`): the worth, in logits, of a
 signature word of a requested archetype, persona trait and context value, the cost of heading
@@ -1124,17 +1139,34 @@ class WordConstraint:
         mask.flags.writeable = False
         return mask
 
+    def prepare(self, state: WordState, *, last: bool = False, banned: int | None = None) -> MaskParts:
+        """The part of :meth:`mask_logits` in ``state`` that needs no logits (:class:`MaskParts`:
+        every first meeting of the state's masks and voice tables is made here), for
+        ``mask_logits`` / :meth:`masked_row` to apply later (``parts=``) with the same result
+        as without them. ``last`` and ``banned`` as for :meth:`blocked`."""
+        ban = self._default if banned is None else banned
+        base, out = self._pieces(state, last, ban)
+        ids = None if not out else out[0] if len(out) == 1 else np.concatenate(out)
+        return MaskParts(state, last, ban, base, ids, self._bonus_row(state, ban) if self.voice else None)
+
     def mask_logits(self, row: np.ndarray, state: WordState, *, last: bool = False,
-                    banned: int | None = None, _top: np.floating | None = None) -> None:
+                    banned: int | None = None, _top: np.floating | None = None,
+                    parts: MaskParts | None = None) -> None:
         """Apply the constraints to a logits row, in place: ``row[blocked(state, last=last,
         banned=banned)]`` to -inf (the same result without building the mask: the state's kept
         mask, then the request's tokens), then, when the constraints carry one (``voice``), the
         voice bonus of the tags the request asked for (:meth:`voice_bonus`) on the tokens within
         ``voice["within"]`` logits of the row's largest (the model's most likely token).
-        (``_top``: that largest, when the caller has it: :meth:`masked_row`.)"""
+        (``_top``: that largest, when the caller has it: :meth:`masked_row`.) ``parts``: what
+        :meth:`prepare` made for this (``state``, ``last``, ``banned``), else it is made here;
+        parts made for anything else raise ValueError."""
         ban = self._default if banned is None else banned
-        base, out = self._pieces(state, last, ban)
-        bonus = self._bonus_row(state, ban) if self.voice else None
+        if parts is None:
+            parts = self.prepare(state, last=last, banned=ban)
+        elif parts.state != state or parts.last != last or parts.ban != ban:
+            raise ValueError(f"mask parts made for {parts.state}, last={parts.last}, ban={parts.ban:#x} "
+                             f"applied to {state}, last={last}, ban={ban:#x}")
+        base, ids, bonus = parts.base, parts.ids, parts.bonus
         near = None
         if bonus is not None:
             within = self.voice.get("within")
@@ -1143,11 +1175,8 @@ class WordConstraint:
                 if top == top:  # (no NaN in the row: else every token gets its bonus, as in _bonus)
                     near = row >= top
         np.putmask(row, base, _NEG_INF)
-        if len(out) > 2:
-            row[np.concatenate(out)] = _NEG_INF
-        else:
-            for toks in out:
-                row[toks] = _NEG_INF
+        if ids is not None:
+            row[ids] = _NEG_INF
         if bonus is not None:
             if near is None:
                 row += bonus
@@ -1155,7 +1184,8 @@ class WordConstraint:
                 np.add(row, bonus, out=row, where=near)
 
     def masked_row(self, raw: np.ndarray, state: WordState, *, last: bool = False, banned: int | None = None,
-                   block: np.ndarray | Sequence[int] | None = None) -> tuple[np.ndarray, bool]:
+                   block: np.ndarray | Sequence[int] | None = None,
+                   parts: MaskParts | None = None) -> tuple[np.ndarray, bool]:
         """What every engine samples a token from (the client's :class:`runtime.client.generator.LineGenerator`,
         the server's batched engines, :func:`runtime.serving.batch_generate.generate_ids_batch`):
         ``(row, veto)``, where ``row`` is a float32 copy of the logits row ``raw`` with
@@ -1163,10 +1193,11 @@ class WordConstraint:
         request's own blocked ids, e.g. slot tokens it may not use), and ``veto`` is
         :func:`vetoed` (``raw``, ``row``, ``state``): the sample should be abandoned and drawn
         again. ``eos`` before ``min_tokens`` is the caller's (a line asked to go on is not
-        derailing, so it is held back after the veto is judged)."""
+        derailing, so it is held back after the veto is judged). ``parts``: :meth:`prepare`'s
+        for this (``state``, ``last``, ``banned``), made ahead (as :meth:`mask_logits`)."""
         row = raw.astype(np.float32, copy=True)
         top = int(np.argmax(raw))  # (rounding to float32 keeps the order: row's largest is row[top])
-        self.mask_logits(row, state, last=last, banned=banned, _top=row[top])
+        self.mask_logits(row, state, last=last, banned=banned, _top=row[top], parts=parts)
         if block is not None and len(block):
             row[block] = _NEG_INF
         return row, _vetoed_at(raw, row, top, VETO, state)
@@ -2016,7 +2047,7 @@ def stop_index(text: str, stops: Sequence[str]) -> int:
     return min(hits) if hits else -1
 
 
-__all__ = ["MID_LINE", "TEXT_RULES", "VOICE_KINDS", "BannedWordMask", "Constraints", "RepeatMemory", "SlotRules", "WordConstraint",
+__all__ = ["MID_LINE", "TEXT_RULES", "VOICE_KINDS", "BannedWordMask", "Constraints", "MaskParts", "RepeatMemory", "SlotRules", "WordConstraint",
            "WordState",
            "check_sampling", "check_voice", "constraints_file", "fill_slots", "normalise_line", "read_constraints", "restart_point",
            "settled_text", "stop_index", "unfilled_slots", "usable", "vetoed"]

@@ -34,10 +34,12 @@ blocking the loop; cancelling the awaiting task cancels the request.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import (
     AsyncIterator,
@@ -58,6 +60,7 @@ import numpy as np
 from runtime.client.bigrams import BigramTable
 from runtime.client.constraints import (
     Constraints,
+    MaskParts,
     RepeatMemory,
     SlotRules,
     WordConstraint,
@@ -201,6 +204,7 @@ class _Row:
     text: str = ""  # the decoded text of the first ``text_n`` tokens (LineGenerator._text)
     text_n: int = 0
     redraw_at: int | None = None  # a trigram stop: the tokens up to the one that completed it
+    parts: MaskParts | None = None  # the next position's masks, made while the model ran (pipelined)
 
 
 def _percentile(values: Sequence[float], q: float) -> float | None:
@@ -242,6 +246,16 @@ class LineGenerator:
     a sample stops the moment its text holds a word trigram the book never says (a word is
     judged once complete, before a stream shows it) and is drawn again from the sentence before
     it, as a veto is (``max_resamples``, then a fallback).
+
+    ``pipelined=True``: while the model computes a token's logits, the word constraints' state
+    after the token fed and the masks of the next position (everything of them that needs no
+    logits: :meth:`runtime.client.constraints.WordConstraint.prepare`) are made on a mask thread
+    (one pool per generator, ``workers + 1`` threads, started on first use and stopped by
+    :meth:`close` or when the generator is collected); the lines are the same as with the
+    default, ``pipelined=False``, which does that work between the model's steps. On the
+    2-core machines measured (BENCHMARKS.md, "Word constraints: the pipelined decode loop")
+    the thread hand-offs and the model's slower steps beside the mask thread cost more than
+    the masks it hides, unless other processes load the machine.
     """
 
     def __init__(self, model: FlashOnnx | None, *, catalog: Mapping[str, Any], fallbacks: FallbackBook,
@@ -252,7 +266,7 @@ class LineGenerator:
                  repeat_window: int = 8, max_resamples: int = 2, workers: int = 1,
                  slot_defaults: Mapping[str, str] | None = None, min_mean_logprob: float | None = -5.0,
                  voice: Mapping[str, float] | None = None, bigrams: BigramTable | None = None,
-                 trigrams: TrigramTable | None = None) -> None:
+                 trigrams: TrigramTable | None = None, pipelined: bool = False) -> None:
         check_sampling(temperature, top_k, top_p, 1)
         if max_resamples < 0 or workers < 1:
             raise ValueError(f"max_resamples must be >= 0 and workers >= 1, got {max_resamples}, {workers}")
@@ -270,6 +284,8 @@ class LineGenerator:
         self.slot_defaults = dict(slot_defaults or {})
         self.use_prefix_cache = use_prefix_cache
         self.trigrams = trigrams
+        self.pipelined = pipelined
+        self._mask_pool: ThreadPoolExecutor | None = None  # the pipelined masks' threads (_masks)
         self.memory = RepeatMemory(repeat_window)
         self.metrics = EngineMetrics(name)
         self.metrics_registry = self.metrics.registry
@@ -309,7 +325,7 @@ class LineGenerator:
              cache_dir: str | Path | None = None, cache_bytes: int = 32 * 1024 * 1024,
              cache_ttl: Mapping[str, float | None] | None = None, default_ttl: float | None = None,
              on_error: str = "raise", warmup: bool = True, public_key: PublicKey | None = None,
-             **options: Any) -> LineGenerator:
+             freeze_gc: bool = False, **options: Any) -> LineGenerator:
         """Load a model directory (default: the shipped ``runtime/assets/flash/``) and warm it up.
 
         ``path`` may also be a mobile bundle from ``flashnpc export mobile`` (a directory with
@@ -323,8 +339,13 @@ class LineGenerator:
         budget; ``cache_ttl`` per-domain TTLs in seconds (``default_ttl`` for the rest).
         ``on_error="fallback"``: if the model cannot be loaded, log the error and serve
         authored fallback lines only, from the bundle's verified files or the shipped ones
-        (``"raise"``, the default, raises :class:`ModelLoadError` naming the file). Other
-        keyword options go to :class:`LineGenerator`.
+        (``"raise"``, the default, raises :class:`ModelLoadError` naming the file).
+        ``freeze_gc``: once loaded and warmed up, collect the garbage and freeze every object
+        the process then holds (:func:`gc.freeze`, process-wide: the game's objects too), so
+        Python's full collections no longer walk the engine's tables (one engine loaded, after
+        320 lines: ~53-68 ms of CPU a full collection without, ~23 ms with; one came in those
+        320 lines, inside a line); the price: an object alive then that later dies in a
+        reference cycle is never freed. Other keyword options go to :class:`LineGenerator`.
         """
         if on_error not in ("raise", "fallback"):
             raise ValueError(f"on_error must be 'raise' or 'fallback', got {on_error!r}")
@@ -360,6 +381,9 @@ class LineGenerator:
             cache.preload()
         if warmup:
             gen.warmup()
+        if freeze_gc:
+            gc.collect()
+            gc.freeze()
         gen.load_ms = (time.perf_counter() - t0) * 1e3
         return gen
 
@@ -544,14 +568,17 @@ class LineGenerator:
         return out
 
     def close(self) -> None:
-        """Stop the worker threads (pending requests are answered with fallback lines)."""
+        """Stop the worker threads and the mask threads (pending requests are answered with
+        fallback lines; a line decoding meanwhile makes its masks on its own thread)."""
         with self._async_lock:
             executor, self._executor = self._executor, None
+            masks, self._mask_pool = self._mask_pool, None
             pending = list(self._pending.items())
         for fut, prep in pending:
             self._complete(fut, self._fallback(prep, "cancelled"))
-        if executor is not None:
-            executor.shutdown(wait=True)
+        for pool in (executor, masks):
+            if pool is not None:
+                pool.shutdown(wait=True)
 
     def __enter__(self) -> LineGenerator:
         return self
@@ -828,6 +855,16 @@ class LineGenerator:
             self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix=f"flashnpc-{self.name}")
         return self._executor
 
+    def _masks(self) -> ThreadPoolExecutor:
+        """The pipelined masks' threads (``workers + 1``: a game thread's lines and the workers'
+        at once), started on first use; shut down by :meth:`close` or with the generator."""
+        with self._async_lock:
+            if self._mask_pool is None:
+                pool = ThreadPoolExecutor(self.workers + 1, thread_name_prefix=f"flashnpc-{self.name}-masks")
+                weakref.finalize(self, pool.shutdown, wait=False)
+                self._mask_pool = pool
+            return self._mask_pool
+
     def _enqueue(self, prep: _Prepared, *, polled: bool) -> Future[Line]:
         """Queue ``prep`` for a worker; a ``polled`` request's line is also handed out by :meth:`poll`."""
         fut: Future[Line] = Future()
@@ -978,6 +1015,29 @@ class LineGenerator:
                 r.finish = "length"
         t_step = [time.perf_counter()]
         single = len(rows) == 1
+        pool = self._masks() if self.pipelined else None
+
+        def advance(r: _Row) -> None:
+            r.state = self.mask.step(r.state, r.tokens[-1])
+            r.states.append(r.state)
+
+        def ahead(live: list[int]) -> None:
+            """The rows' states after the tokens fed, and their next positions' masks."""
+            for b in live:
+                r = rows[b]
+                advance(r)
+                r.parts = self.mask.prepare(r.state, last=len(r.tokens) + 1 >= r.budget, banned=r.prep.banned)
+
+        def overlap(live: list[int]) -> Future[None]:
+            """:func:`ahead` on a mask thread while the model runs (pipelined)."""
+            assert pool is not None
+            try:
+                return pool.submit(ahead, live)
+            except RuntimeError:  # the pool was shut down (close) during the line: made here
+                done: Future[None] = Future()
+                ahead(live)
+                done.set_result(None)
+                return done
 
         def pick(b: int, row_logits: np.ndarray) -> tuple[int | None, bool]:
             r = rows[b]
@@ -1005,9 +1065,11 @@ class LineGenerator:
                 return None, False
             r.tokens.append(tok)
             r.scored.append(row_logits)
-            r.state = self.mask.step(r.state, tok)
-            r.states.append(r.state)
+            if pool is None:
+                advance(r)
             if self.trigrams is not None and self._trigram_stop(r, final=False):
+                if pool is not None:
+                    advance(r)
                 return None, False
             if r.prep.req.stop:
                 cut = stop_index(self._text(r), r.prep.req.stop)
@@ -1015,6 +1077,8 @@ class LineGenerator:
                     r.cut, r.finish = cut, "stop"
             if r.finish is None and len(r.tokens) >= r.budget:
                 r.finish = "length"
+            if pool is not None and r.finish is not None:
+                advance(r)  # (a row that goes on is advanced while the model runs: ahead)
             return tok, r.finish is None
 
         def on_step(live: list[int], router: np.ndarray) -> None:
@@ -1026,7 +1090,8 @@ class LineGenerator:
                 rows[b].router.append(router[:, i])
 
         for _b, tok in decode_rows(self.model, logits, past, len(rows), pick, attention_mask=mask,
-                                   next_pos=None if mask is None else next_pos, on_step=on_step):
+                                   next_pos=None if mask is None else next_pos, on_step=on_step,
+                                   overlap=None if pool is None else overlap):
             if single:
                 yield tok
 
@@ -1063,7 +1128,8 @@ class LineGenerator:
         """Sample the next token of ``r`` with its masks applied (None if every token is blocked)."""
         n = len(r.tokens)
         row, veto = self.mask.masked_row(logits, r.state, last=n + 1 >= r.budget, banned=r.prep.banned,
-                                         block=r.prep.slot_block)
+                                         block=r.prep.slot_block, parts=r.parts)
+        r.parts = None
         # judged before min_tokens holds eos back: a line asked to go on is not derailing
         if veto:
             r.vetoed = True

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -237,6 +238,7 @@ def decode_rows(model: FlashOnnx, logits: np.ndarray, past: list[np.ndarray], n_
                 pick: Callable[[int, np.ndarray], tuple[int | None, bool]], *,
                 attention_mask: np.ndarray | None = None, next_pos: np.ndarray | None = None,
                 on_step: Callable[[list[int], np.ndarray], None] | None = None,
+                overlap: Callable[[list[int]], Future[Any]] | None = None,
                 ) -> Iterator[tuple[int, int]]:
     """The decode loop: ``n_rows`` sequences in lock step after their prefill, one token per step.
 
@@ -247,6 +249,11 @@ def decode_rows(model: FlashOnnx, logits: np.ndarray, past: list[np.ndarray], n_
     pass their ``attention_mask`` [B, P] and each row's next position ``next_pos`` [B]; both grow
     with every step. ``on_step(rows, router_probs)`` is called after each step with the rows it
     ran. Yields ``(b, token)`` for every emitted token, in order.
+
+    ``overlap(rows)``, called just before each step with the rows it runs, starts work that
+    needs only the tokens fed (e.g. on a worker thread: the model releases the GIL while it
+    computes) and returns its future; the step's logits go to ``pick`` once that work is done.
+    An error in the work is raised after the step; an error in the step once the work is done.
 
     Used by :meth:`FlashOnnx.generate_ids`, :mod:`runtime.serving.batch_generate` and
     :class:`runtime.client.generator.LineGenerator`, each with its own ``pick``.
@@ -276,12 +283,20 @@ def decode_rows(model: FlashOnnx, logits: np.ndarray, past: list[np.ndarray], n_
                 mask, pos = mask[idx], pos[idx]
             live = [live[i] for i in keep]
         ids = np.asarray(feed, dtype=np.int64)[:, None]
-        if mask is None or pos is None:
-            logits, past, router = model.step(ids, past)
-        else:
-            mask = np.concatenate([mask, np.ones((len(live), 1), dtype=np.int64)], axis=1)
-            logits, past, router = model.step(ids, past, attention_mask=mask, position_ids=pos[:, None])
-            pos += 1
+        job = None if overlap is None else overlap(live)
+        try:
+            if mask is None or pos is None:
+                logits, past, router = model.step(ids, past)
+            else:
+                mask = np.concatenate([mask, np.ones((len(live), 1), dtype=np.int64)], axis=1)
+                logits, past, router = model.step(ids, past, attention_mask=mask, position_ids=pos[:, None])
+                pos += 1
+        except BaseException:
+            if job is not None:
+                job.exception()  # waited for: the rows are not touched behind the caller's back
+            raise
+        if job is not None:
+            job.result()
         if on_step is not None:
             on_step(live, router)
         last = logits[:, -1, :]
