@@ -11,7 +11,9 @@ the book's training lines, its accuracy on up to ``--lines`` test lines and held
 ceiling the model's "distinct-2 within 50 seeds" and "archetype classifier" figures are read
 against (docs/model.md) — and how often a line voices a requested persona trait / context value
 (a signature of it, as ``flashnpc eval``'s writer table counts the book's own lines) over
-``--lines`` lines of every shape (seeded pick), prompts without one not counted.
+``--lines`` lines of every shape (seeded pick), prompts without one not counted; and the share
+of all lines that are a whole reply (``own_replies`` / ``trait_replies``, book v4) alone, and
+that hold one (alone or composed with another part).
 """
 
 from __future__ import annotations
@@ -22,9 +24,33 @@ from collections import defaultdict
 
 import numpy as np
 
-from runtime.factory.linebook import load_line_book
+from runtime.factory.linebook import LineBook, _normalize, load_line_book
 from runtime.factory.state_classifier import NgramClassifier
 from runtime.factory.text_metrics import SignatureIndex, distinct_n
+
+
+def whole_reply_shares(book: LineBook) -> tuple[float, float]:
+    """The share of the book's lines that are one of their condition's whole replies (an own
+    reply of the archetype, a trait reply of a trait of the prompt, as expanded with the
+    archetype's voice), and the share that contain one."""
+    cache: dict[tuple[str, str, str, str | None], set[str]] = {}
+
+    def whole(arch: str, state: str, intent: str, trait: str | None) -> set[str]:
+        key = (arch, state, intent, trait)
+        if key not in cache:
+            cells = book._own_replies if trait is None else book._trait_replies
+            srcs = cells.get((arch if trait is None else trait, state, intent), [])
+            cache[key] = {_normalize("".join(t)) for src in srcs for t in book._enumerate(src.template, arch, 4096)}
+        return cache[key]
+
+    alone = held = 0
+    examples = book.examples()
+    for e in examples:
+        texts = whole(e.archetype, e.state, e.intent, None).union(
+            *(whole(e.archetype, e.state, e.intent, t) for t in e.persona))
+        alone += e.text in texts
+        held += e.text in texts or any(t in e.text for t in texts)
+    return alone / len(examples), held / len(examples)
 
 
 def measure(book_path: str | None, lines: int, seed: int) -> dict[str, float]:
@@ -53,6 +79,7 @@ def measure(book_path: str | None, lines: int, seed: int) -> dict[str, float]:
                                            for e, h in zip(picked, hits) if e.persona]))
     out["context_voiced"] = float(np.mean([bool({f"context:{k}={v}" for k, v in e.context} & h)
                                            for e, h in zip(picked, hits) if e.context]))
+    out["whole_alone"], out["whole_in"] = whole_reply_shares(book)
     out["seconds"] = time.perf_counter() - started
     return out
 
@@ -65,7 +92,7 @@ def main() -> None:
     args = ap.parse_args()
     rows = [(b or "shipped", measure(b, args.lines, args.seed)) for b in args.books]
     keys = ("examples", "archetype_test", "archetype_heldout", "intent_test", "intent_heldout", "distinct2",
-            "persona_voiced", "context_voiced", "seconds")
+            "persona_voiced", "context_voiced", "whole_alone", "whole_in", "seconds")
     print(f"{'book':30s} " + " ".join(f"{k:>17s}" for k in keys))
     for name, m in rows:
         print(f"{name[-30:]:30s} " + " ".join(f"{m[k]:>17.3f}" if k != "examples" else f"{int(m[k]):>17d}" for k in keys))
