@@ -1425,19 +1425,24 @@ class LineBook:
             results = [r + o for r in results for o in options][:limit]
         return results
 
-    def _tag_sources(self) -> dict[str, list[tuple[_Source, str | None]]]:
-        """Each tag's own fragments, with the archetype whose voice fills their references."""
+    def _tag_sources(self, whole: bool = True) -> dict[str, list[tuple[_Source, str | None]]]:
+        """Each tag's own fragments, with the archetype whose voice fills their references.
+        ``whole``: with the whole replies (an archetype's own replies, a trait's trait replies),
+        which are drawn only with their tag too (the ``implies`` check reads them); without
+        them, the voice fragments alone (what :meth:`signatures` takes phrases from)."""
         out: dict[str, list[tuple[_Source, str | None]]] = {}
         for arch in self.archetypes:
             srcs = [(s, arch) for g in self._voice[arch].values() for s in g]
             srcs += [(s, arch) for t in TONES for s in self._tags[arch][t]]
             srcs += [(s, arch) for st in self.states for s in self._own.get((arch, st), [])]
-            srcs += [(s, arch) for (a, _st, _i), cell in self._own_replies.items() if a == arch for s in cell]
+            if whole:
+                srcs += [(s, arch) for (a, _st, _i), cell in self._own_replies.items() if a == arch for s in cell]
             out[f"archetype:{arch}"] = srcs
         for trait in self.persona_traits:
             out[f"persona:{trait}"] = [(s, None) for t in TONES for s in self._moods[trait][t]]
-            out[f"persona:{trait}"] += [(s, None) for (tr, _st, _i), cell in self._trait_replies.items()
-                                        if tr == trait for s in cell]
+            if whole:
+                out[f"persona:{trait}"] += [(s, None) for (tr, _st, _i), cell in self._trait_replies.items()
+                                            if tr == trait for s in cell]
         for (slot, value), frags in self._ctx_frags.items():
             out[f"context:{slot}={value}"] = [(s, None) for t in TONES for s in frags[t]]
         return out
@@ -1462,7 +1467,11 @@ class LineBook:
 
         Tags: ``archetype:NAME`` (its voice groups, signature tags and own lines),
         ``persona:NAME`` (its mood fragments) and ``context:SLOT=VALUE`` (its fragments, plus
-        the value's declared ``implies`` phrases). A phrase is a signature of a tag when its
+        the value's declared ``implies`` phrases). Whole replies (``own_replies``,
+        ``trait_replies``) are no tag's fragments here: drawn only with their tag, they also say
+        the way, the gossip and the wares in everyday words ("nor", "safer", "wherever"), which
+        would become phrases that request without the tag may never say; what they say still
+        counts against other tags' phrases through the expanded lines. A phrase is a signature of a tag when its
         fragments say it, no other tag's fragments nor any general fragment (leads, codas,
         replies, phrase groups, fallbacks) do, and no expanded line says it without the tag in
         its prompt; only minimal phrases are kept (none contains a shorter signature). The decoding constraints ban the signatures of every tag a request
@@ -1471,7 +1480,7 @@ class LineBook:
         if self._signatures is not None:
             return {k: list(v) for k, v in self._signatures.items()}
         tag_grams = {tag: self._ngrams([t for src, arch in srcs for t in self._texts(src.template, arch)])
-                     for tag, srcs in self._tag_sources().items()}
+                     for tag, srcs in self._tag_sources(whole=False).items()}
         general = self._ngrams([t for src in self._general_sources() for t in self._texts(src.template, None)])
         owners: dict[tuple[str, ...], int] = {}
         for grams in tag_grams.values():

@@ -146,11 +146,18 @@ def test_a_context_word_in_a_whole_reply_is_an_error(tmp_path: Path) -> None:
         assert info.value.field == field and "asserts weather=rain" in info.value.problem
 
 
-def test_whole_replies_are_their_archetypes_and_traits_signatures(tmp_path: Path) -> None:
-    sig = load_line_book(write(tmp_path, book_text(OWN_REPLIES, TRAIT_REPLIES))).signatures()
-    assert "gatepost" in sig["archetype:guard"] and "evening" in sig["archetype:guard"]
-    assert "yourself" in sig["persona:gruff"]
-    assert not any("gatepost" in p for p in sig["archetype:sailor"] + sig["persona:gruff"])
+def test_whole_replies_make_no_signatures_of_their_own_but_unmake_other_tags(tmp_path: Path) -> None:
+    """A whole reply's everyday words ("gatepost", "yourself") are no tag's signature, so no request
+    is banned from them; a whole reply that says another tag's phrase (a gruff line for any
+    archetype saying the sailor's "Fair winds") takes that phrase from the other tag."""
+    plain = load_line_book(write(tmp_path, book_text(OWN_REPLIES, TRAIT_REPLIES))).signatures()
+    assert not {"gatepost", "evening", "yourself"} & {p for phrases in plain.values() for p in phrases}
+    assert "hmph" in plain["persona:gruff"] and "citizen" in plain["archetype:guard"]
+    assert {"fair", "winds"} <= set(plain["archetype:sailor"])
+    text = book_text(OWN_REPLIES, TRAIT_REPLIES.replace("Hmph. Hello yourself, [address].",
+                                                        "Hmph. Fair winds to you too, [address]."))
+    sig = load_line_book(write(tmp_path, text)).signatures()
+    assert not {"fair", "winds", "fair winds"} & set(sig["archetype:sailor"])
 
 
 def test_a_part_group_inside_a_reply_is_refused(tmp_path: Path) -> None:
