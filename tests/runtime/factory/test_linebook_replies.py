@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from runtime.factory.linebook import LineBookError, load_line_book
-from tests.runtime.factory.test_linebook_format import MINI, line_of, write
+from tests.runtime.factory.test_linebook_format import MINI, error_for, line_of, write
 
 OWN_REPLIES = """\
 own_replies:
@@ -161,11 +161,8 @@ def test_whole_replies_make_no_signatures_of_their_own_but_unmake_other_tags(tmp
 
 
 def test_a_part_group_inside_a_reply_is_refused(tmp_path: Path) -> None:
-    text = MINI.replace('greet: ["Hello, {player}."]', 'greet: ["Hello, {player}. [own_reply]"]')
-    with pytest.raises(LineBookError) as info:
-        load_line_book(write(tmp_path, text))
-    assert info.value.field == "replies.idle.greet[0]"
-    assert "[own_reply] may only be used in compose patterns" in info.value.problem
+    err = error_for(tmp_path, MINI.replace('greet: ["Hello, {player}."]', 'greet: ["Hello, {player}. [own_reply]"]'))
+    assert err.field == "replies.idle.greet[0]" and "[own_reply] may only be used in compose patterns" in err.problem
 
 
 def test_lint_lists_a_whole_reply_too_long_to_be_drawn_alone(tmp_path: Path) -> None:
