@@ -10,7 +10,7 @@ the book's training lines, its accuracy on up to ``--lines`` test lines and held
 (seeded pick), the mean distinct-2 of 50 lines drawn per (archetype, state, intent) — the
 ceiling the model's "distinct-2 within 50 seeds" and "archetype classifier" figures are read
 against (docs/model.md) — and how often a line voices a requested persona trait / context value
-(a signature of it, as ``flashnpc eval``'s writer table counts the book's own lines) over
+(a signature of it, or a trait's voice marker, as ``flashnpc eval``'s writer table counts the book's own lines) over
 ``--lines`` lines of every shape (seeded pick), prompts without one not counted; and the share
 of all lines that are a whole reply (``own_replies`` / ``trait_replies``, book v4) alone, and
 that hold one (alone or composed with another part).
@@ -71,7 +71,7 @@ def measure(book_path: str | None, lines: int, seed: int) -> dict[str, float]:
         by_condition[(e.archetype, e.state, e.intent)].append(e.text)
     out["distinct2"] = float(np.mean([distinct_n([v[i] for i in rng.choice(len(v), 50, replace=len(v) < 50)])
                                       for v in by_condition.values()]))
-    index = SignatureIndex(book.signatures())
+    index = SignatureIndex(book.voiced_phrases())
     examples = book.examples()
     picked = [examples[i] for i in rng.choice(len(examples), min(lines, len(examples)), replace=False)]
     hits = [index.hits(e.text) for e in picked]

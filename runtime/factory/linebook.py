@@ -46,6 +46,8 @@ BUILTIN_GROUPS = ("lead", "coda", "reply", "mood", "ctx", "tag", "own", "own_rep
 # groups that are whole parts of a line: only compose patterns may draw them
 _PART_GROUPS = frozenset(["lead", "coda", "reply", "tag", "own", "own_reply", "trait_reply"])
 TONES = ("calm", "urgent")
+# a persona trait's voice marker recurs through at least this many of its whole replies
+VOICE_MARKER_MIN_TEMPLATES = 3
 FALLBACK_MAX_WORDS = 12
 """The most words a fallback line should say (:meth:`LineBook.lint` lists longer ones): it
 stands in for a line the model missed, so it is short."""
@@ -447,6 +449,7 @@ class LineBook:
         self._fit_cache: dict[tuple[int, str, str, str | None], list[_Source]] = {}
         self._examples: list[Example] | None = None
         self._signatures: dict[str, list[str]] | None = None
+        self._markers: tuple[int, dict[str, list[str]]] | None = None
         self._vocabulary: list[str] | None = None
 
     # -------------------------------------------------------------- reading
@@ -1510,6 +1513,54 @@ class LineBook:
             out[tag] = sorted(set(out.get(tag, [])) | set(phrases), key=lambda p: (len(p.split()), p))
         self._signatures = out
         return {k: list(v) for k, v in out.items()}
+
+
+    def voice_markers(self, min_templates: int = VOICE_MARKER_MIN_TEMPLATES) -> dict[str, list[str]]:
+        """Phrases (1-3 lower-case words) that recur through one persona trait's whole replies
+        (``trait_replies``) and mark its voice: said by at least ``min_templates`` of its
+        templates, by no other tag's fragments or whole replies, by no general fragment, and by
+        no expanded line whose prompt lacks the trait ("um" and "sorry" for shy, "dear" for
+        kind, "coin" for greedy). Not signatures: decoding never bans them (a request without
+        the trait may say "sorry"); ``flashnpc eval`` and ``bench/book_measures.py`` count them
+        beside the signatures when they ask whether a line voices a requested trait, since a
+        trait's whole replies carry no mood fragment."""
+        if self._markers is not None and self._markers[0] == min_templates:
+            return {k: list(v) for k, v in self._markers[1].items()}
+        sources = self._tag_sources(whole=True)
+        tag_grams = {tag: self._ngrams([t for src, arch in srcs for t in self._texts(src.template, arch)])
+                     for tag, srcs in sources.items()}
+        general = self._ngrams([t for src in self._general_sources() for t in self._texts(src.template, None)])
+        counts: dict[str, dict[tuple[str, ...], int]] = {}
+        for (trait, _state, _intent), cell in self._trait_replies.items():
+            tally = counts.setdefault(f"persona:{trait}", {})
+            for src in cell:
+                for g in self._ngrams(self._texts(src.template, None)):
+                    tally[g] = tally.get(g, 0) + 1
+        found: dict[str, set[tuple[str, ...]]] = {}
+        for tag, tally in counts.items():
+            found[tag] = {g for g, n in tally.items() if n >= min_templates and g not in general
+                          and not _COMMON.issuperset(g)
+                          and not any(g in grams for other, grams in tag_grams.items() if other != tag)}
+        owner_of = {g: tag for tag, grams in found.items() for g in grams}
+        for e in self.examples():
+            traits = {f"persona:{t}" for t in e.persona}
+            for g in self._ngrams([_SLOT_RE.sub("\n", e.text)]) & owner_of.keys():
+                if owner_of[g] not in traits:
+                    found[owner_of[g]].discard(g)
+        out = {tag: [" ".join(g) for g in sorted(
+            (g for g in grams if not any(g[i:j] in grams for i in range(len(g))
+                                         for j in range(i + 1, len(g) + 1) if (i, j) != (0, len(g)))),
+            key=lambda g: (len(g), g))] for tag, grams in found.items()}
+        self._markers = (min_templates, out)
+        return {k: list(v) for k, v in out.items()}
+
+    def voiced_phrases(self) -> dict[str, list[str]]:
+        """What tells that a line voices a tag: its :meth:`signatures`, and for a persona trait
+        its :meth:`voice_markers` too."""
+        out = self.signatures()
+        for tag, phrases in self.voice_markers().items():
+            out[tag] = sorted(set(out.get(tag, ())) | set(phrases), key=lambda p: (len(p.split()), p))
+        return out
 
 
 class _Env:

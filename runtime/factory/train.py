@@ -522,8 +522,10 @@ def initial_model(path: str | Path) -> tuple[Flash, Any]:
     return model.float(), tok
 
 
-def _progress(*, initial: int, total: int, enabled: bool) -> Any:
+def _progress(it: range | None = None, *, initial: int, total: int, enabled: bool) -> Any:
+    """A tqdm bar over ``it``, or one updated by hand when ``it`` is None (a schedule that a
+    budget may cut)."""
     from tqdm import tqdm
 
-    return tqdm(initial=initial, total=total, desc="train", unit="step", dynamic_ncols=True,
+    return tqdm(it, initial=initial, total=total, desc="train", unit="step", dynamic_ncols=True,
                 disable=not enabled)

@@ -20,7 +20,8 @@ seeded generator, and measures each line (:class:`LineJudge`):
 * **context contradiction**: a signature phrase (``book.signatures()``) of another value of a
   context slot the prompt set (``"rain"`` asked, a line about the snow);
 * **another archetype's voice**: a signature of an archetype other than the requested one;
-* **persona / context voiced**: a signature of a requested trait / context value; set beside
+* **persona / context voiced**: a signature of a requested trait / context value (for a trait,
+  or one of its voice markers, ``book.voice_markers()``: its whole replies' recurring phrases); set beside
   the book's own rate on its lines of the same shape, since the book does not voice every
   trait and value in every line either;
 * the archetype, intent and state a classifier trained on the book's training lines hears
@@ -162,6 +163,7 @@ class LineJudge:
     def __init__(self, book: LineBook, bigrams: set[tuple[str, str]] | None = None) -> None:
         self.vocabulary = frozenset(book.vocabulary())
         self.signatures = SignatureIndex(book.signatures())
+        self.voiced = SignatureIndex(book.voice_markers())  # a trait's recurring whole-reply phrases
         self.n_slots = len(book.context)
         self.bigrams = book_pairs(book) if bigrams is None else bigrams
 
@@ -180,7 +182,8 @@ class LineJudge:
             glitches=glitches(line, self.vocabulary),
             contradictions=contradictions,
             other_archetypes=others,
-            persona_voiced=any(f"persona:{t}" in tags for t in persona) if persona else None,
+            persona_voiced=bool({f"persona:{t}" for t in persona} & (tags | self.voiced.hits(line)))
+            if persona else None,
             context_voiced=bool(asked & tags) if context else None,
             unseen_bigrams=unseen_bigrams(line, self.bigrams),
         )
