@@ -1851,6 +1851,7 @@ class Constraints:
             data["vocabulary"] = sorted(self.vocabulary)
         if self.signatures is not None:
             data["signatures"] = {tag: list(p) for tag, p in sorted(self.signatures.items())}
+        data = compact_document(data)
         if self.slot_defaults:
             data["slot_defaults"] = dict(self.slot_defaults)
         if self.voice:
@@ -1870,6 +1871,7 @@ class Constraints:
         banned = data["banned_words"]
         if not isinstance(banned, list) or not all(isinstance(w, str) for w in banned):
             raise TypeError("banned_words must be a list of strings")
+        data = expanded_document(data)
         vocabulary = data.get("vocabulary")
         if vocabulary is not None:
             if not isinstance(vocabulary, list) or not all(
@@ -1904,6 +1906,33 @@ class Constraints:
             from runtime.client.trigrams import TrigramTable
             trigrams = TrigramTable.from_json(data["trigrams"])
         return cls(list(banned), slot_rules, vocabulary, signatures, defaults, voice, bigrams, trigrams)
+
+
+def expanded_document(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a ``constraints.json`` document with its word lists as JSON lists: the file
+    writes ``vocabulary`` as one string of space-separated words and each ``signatures`` entry
+    as one string of ``|``-separated phrases (:func:`compact_document`: ~35 KB less of the
+    mobile bundle's 8 MB than a list of quoted strings); lists are read as well."""
+    out = dict(data)
+    vocabulary = out.get("vocabulary")
+    if isinstance(vocabulary, str):
+        out["vocabulary"] = vocabulary.split()
+    signatures = out.get("signatures")
+    if isinstance(signatures, dict):
+        out["signatures"] = {tag: [p for p in phrases.split("|") if p] if isinstance(phrases, str) else phrases
+                             for tag, phrases in signatures.items()}
+    return out
+
+
+def compact_document(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a ``constraints.json`` document with its word lists as the strings the file
+    holds (:func:`expanded_document` reads them back)."""
+    out = dict(data)
+    if isinstance(out.get("vocabulary"), list):
+        out["vocabulary"] = " ".join(out["vocabulary"])
+    if isinstance(out.get("signatures"), dict):
+        out["signatures"] = {tag: "|".join(p) if isinstance(p, list) else p for tag, p in out["signatures"].items()}
+    return out
 
 
 VETO = 0.5

@@ -677,8 +677,10 @@ def extend_constraints(cons: Mapping[str, Any], lines: Sequence[StudioLine], cat
     (:func:`extend_bigrams`), and likewise its word trigrams
     (:meth:`runtime.client.trigrams.TrigramTable.with_texts`). ``signatures_dropped`` / ``signatures_added`` (popped by the
     caller) report what changed."""
+    from runtime.client.constraints import compact_document, expanded_document
     from runtime.factory.text_metrics import SignatureIndex
 
+    cons = expanded_document(cons)
     out = json.loads(json.dumps(cons))
     vocab = set(out.get("vocabulary") or ())
     for line in lines:
@@ -715,7 +717,7 @@ def extend_constraints(cons: Mapping[str, Any], lines: Sequence[StudioLine], cat
             rules[arch] = sorted(used)
     out["signatures_dropped"] = {t: sorted(g) for t, g in sorted(drop.items())}
     out["signatures_added"] = added
-    return out
+    return compact_document(out)
 
 
 def extend_fallbacks(fallbacks: Mapping[str, Mapping[str, list[str]]], lines: Sequence[StudioLine],

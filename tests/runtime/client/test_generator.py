@@ -93,7 +93,9 @@ def test_gibberish_from_a_guessing_model_is_unusable_and_falls_back_without_resa
             continue
         checked += 1
         assert raw.mean_logprob < -5
-        assert line.fallback and line.fallback_reason == "unusable" and line.attempts == 1
+        # the first usable-or-not draw is the last: no resample for an unusable line (a draw the
+        # word checks refuse first is redrawn, in both engines alike)
+        assert line.fallback and line.fallback_reason == "unusable" and line.attempts == raw.attempts
         assert line.text in gen.fallbacks.candidates("guard", "patrol", "approach")  # the default intent
     assert checked >= 5
 

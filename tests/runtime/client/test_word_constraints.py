@@ -281,14 +281,15 @@ def test_an_archetype_never_gets_another_archetypes_signature(gen, signatures):
 
 
 def test_without_the_signatures_the_same_model_does_voice_other_tags(signatures):
-    """The check above can fail: with the vocabulary only, other archetypes' voices come up."""
+    """The check above can fail: with the vocabulary only, other archetypes' voices come up
+    (5 of 90 lines of the v4 model, which hears the archetype better than v3 did)."""
     plain = LineGenerator.load(max_resamples=0)
     plain.mask = WordConstraint(CONS.banned_words, plain.tokenizer, vocabulary=CONS.vocabulary)
     bad = 0
-    for r in village(plain.catalog(), 30, seed=5):
+    for r in village(plain.catalog(), 90, seed=5):
         line = plain.generate_request(r)
         bad += bool({h for h in signatures.hits(line.raw_text) if h.startswith("archetype:")} - {f"archetype:{r.npc}"})
-    assert bad >= 5
+    assert bad >= 3
 
 
 # ------------------------------------------------------------------ every decode path alike
@@ -375,12 +376,14 @@ def test_an_old_constraints_file_still_loads_without_a_vocabulary(tmp_path):
 
 
 @pytest.mark.parametrize("change", [
-    {"vocabulary": "the guard"},
+    {"vocabulary": "the Guard"},
+    {"vocabulary": 7},
     {"vocabulary": ["the", "Guard"]},
     {"vocabulary": ["the", "two words"]},
     {"signatures": ["archetype:guard"]},
     {"signatures": {"weather=rain": ["rain"]}},
-    {"signatures": {"archetype:guard": "halt"}},
+    {"signatures": {"archetype:guard": 5}},
+    {"signatures": {"archetype:guard": "halt|..."}},
     {"signatures": {"archetype:guard": ["..."]}},
 ])
 def test_a_malformed_constraints_file_raises_the_loaders_error(tmp_path, change):

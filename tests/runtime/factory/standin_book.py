@@ -74,6 +74,9 @@ class StandinBook:
         out.update({f"context:{s}={v}": [w] for s, vs in CONTEXT.items() for v, w in vs.items()})
         return out
 
+    def voice_markers(self) -> dict[str, list[str]]:
+        return {}  # the stand-in's traits have no whole replies
+
     def allowed_slots(self, archetype: str, state: str, intent: str) -> set[str]:
         return {"player"}
 
