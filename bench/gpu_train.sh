@@ -46,15 +46,7 @@ book_args=()
 if [ "$BOOK" = "v4" ]; then
   # 00_catalog.yaml draws the v3.1 patterns the shipped model was trained on, with the measured v4
   # weights as a commented "# v4:" block just before them: a copy of the book with that block in force
-  cp -r runtime/assets/linebook "$WORK/book" && python3 - "$WORK/book/00_catalog.yaml" <<'PY' || exit 1
-import sys
-path = sys.argv[1]
-text = open(path).read()
-head, rest = text.split("# v4:\n", 1)
-block, _old = rest.split("compose:\n", 1)
-v4 = "".join(line[4:] if line.startswith("#   ") else "" for line in block.splitlines(True))
-open(path, "w").write(head + "compose:\n" + v4)
-PY
+  python3 -c 'import sys; from runtime.factory.linebook import book_with_compose_block; book_with_compose_block(sys.argv[1])' "$WORK/book" || exit 1
   book_args=(--line-book "$WORK/book")
 fi
 # shellcheck disable=SC2086  # TRAIN_ARGS is a list of flags

@@ -25,6 +25,7 @@ import difflib
 import hashlib
 import random
 import re
+import shutil
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -1760,6 +1761,29 @@ def _read_file(path: Path, raw: _Raw) -> None:
             raise rd.fail(
                 key, section, _unknown("section", section, [*_MAP_SECTIONS, *_LIST_SECTIONS])
             )
+
+
+V4_COMPOSE_MARK = "# v4:"
+
+
+def book_with_compose_block(out_dir: str | Path, path: str | Path | None = None, mark: str = V4_COMPOSE_MARK) -> Path:
+    """A copy of a book directory (default: the shipped one) in ``out_dir`` whose compose patterns
+    are the commented block that follows the line ``mark`` in its ``00_catalog.yaml`` (each line
+    ``#   `` + the YAML line), in place of the patterns after it. The default book draws the v3.1
+    patterns the shipped model was trained on and keeps book v4's measured weights so
+    (docs/linebook.md, "Book v4"); ``BOOK=v4 bash bench/gpu_train.sh`` trains on this copy.
+    Returns ``out_dir``; LineBookError when the catalog has no such block."""
+    src, out = Path(path) if path is not None else DEFAULT_PATH, Path(out_dir)
+    shutil.copytree(src, out, dirs_exist_ok=True)
+    catalog = out / "00_catalog.yaml"
+    text = catalog.read_text(encoding="utf-8")
+    head, found, rest = text.partition(mark + "\n")
+    block, compose, _old = rest.partition("compose:\n")
+    if not found or not compose:
+        raise LineBookError(str(catalog), 0, "compose", f"no {mark!r} block before the compose patterns")
+    patterns = "".join(line[4:] for line in block.splitlines(True) if line.startswith("#   "))
+    catalog.write_text(head + "compose:\n" + patterns, encoding="utf-8")
+    return out
 
 
 def load_line_book(path: str | Path | None = None) -> LineBook:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import pytest
 
-from runtime.factory.linebook import Example, LineBook, load_line_book
+from runtime.factory.linebook import Example, LineBook, LineBookError, load_line_book
 from runtime.factory.text_metrics import SignatureIndex
 
 SLOT_RE = re.compile(r"\{(\w+)\}")
@@ -127,10 +128,32 @@ def test_context_fragments_match_the_example_context(examples: list[Example]) ->
     assert all(dict(e.context)["time_of_day"] == "night" for e in night)
 
 
-def test_a_trait_reply_is_drawn_only_for_a_prompt_carrying_its_trait(book: LineBook, examples: list[Example]) -> None:
+@pytest.fixture(scope="module")
+def v4_book(tmp_path_factory: pytest.TempPathFactory) -> LineBook:
+    """The default book with book v4's compose block in force (``book_with_compose_block``)."""
+    from runtime.factory.linebook import book_with_compose_block
+
+    return load_line_book(book_with_compose_block(tmp_path_factory.mktemp("book_v4") / "book"))
+
+
+def test_the_default_book_keeps_v4s_weights_as_a_block_that_loads_and_draws_whole_replies(
+        book: LineBook, examples: list[Example], v4_book: LineBook, tmp_path: Path) -> None:
+    from runtime.factory.linebook import book_with_compose_block
+
+    whole = {"own_reply", "trait_reply"}
+    assert not any(p.refs & whole for p in book._patterns)  # the shipped model's patterns
+    assert set().union(*(p.refs for p in v4_book._patterns)) >= whole
+    assert len(v4_book.examples()) == len(examples) == 112_000
+    with pytest.raises(LineBookError, match="no '# v9:' block"):
+        book_with_compose_block(tmp_path / "b", mark="# v9:")
+
+
+def test_a_trait_reply_is_drawn_only_for_a_prompt_carrying_its_trait(v4_book: LineBook) -> None:
     """Book v4's whole replies in a persona trait's voice ([trait_reply]): every trait's are drawn,
     and a line that is one of a trait's replies for its (state, intent) carries that trait."""
     from runtime.factory.linebook import _normalize
+
+    book, examples = v4_book, v4_book.examples()
 
     owners: dict[tuple[str, str, str, str], set[str]] = defaultdict(set)
     for (trait, state, intent), srcs in book._trait_replies.items():
@@ -240,8 +263,11 @@ def test_the_book_lines_read_clumsy_in_the_v3c_blind_reading_are_no_longer_drawn
 
 
 def test_marked_fragments_keep_to_the_intents_and_places_they_fit(examples: list[Example]) -> None:
-    # book v4 draws no [mood] or [tag] pattern (docs/ratings/blind_book_v4a): the marked moods and
-    # tags of v3.1 ("Get to the point.", "Tell your friends about my stall!") are not drawn at all
-    assert not any("Get to the point." in e.text or "Tell your friends about my stall!" in e.text for e in examples)
+    point = [e for e in examples if e.text.startswith("Get to the point.")]
+    assert point and "farewell" not in {e.intent for e in point}
+    assert not any("Get to the point." in e.text and not e.text.startswith("Get to the point.") for e in examples)
+    stall = [e for e in examples if "Tell your friends about my stall!" in e.text]
+    assert stall and {e.intent for e in stall} == {"trade", "farewell"}
+    assert all(e.text.endswith("Tell your friends about my stall!") for e in stall)
     begging = [e for e in examples if "Every coin I have is yours, just don't hurt me!" in e.text]
     assert begging and not {e.intent for e in begging} & {"ask_directions", "ask_rumors", "trade", "farewell"}
