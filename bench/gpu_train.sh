@@ -27,7 +27,7 @@ STEPS="${STEPS:-60000}"
 BATCH="${BATCH:-128}"
 CONFIG="${CONFIG:-{\"lr\": 2e-3, \"min_lr\": 2e-4, \"warmup_steps\": 300, \"qat_fraction\": 0.3, \"eval_interval\": 1000, \"checkpoint_interval\": 1000000}}"
 WORK="${WORK:-$(mktemp -d)}"
-BOOK="${BOOK:-default}"   # default: the book as it is; v4: its compose patterns swapped for the "# v4:" block
+BOOK="${BOOK:-default}"   # default: the book as it is; v4: runtime/assets/compose_v4.yaml in place of its patterns
 mkdir -p "$OUT"
 flashnpc() { python3 -c 'import sys; from plugin.cli import main; sys.exit(main(sys.argv[1:]))' "$@"; }
 
@@ -44,9 +44,8 @@ fi
 t0=$(date +%s)
 book_args=()
 if [ "$BOOK" = "v4" ]; then
-  # 00_catalog.yaml draws the v3.1 patterns the shipped model was trained on, with the measured v4
-  # weights as a commented "# v4:" block just before them: a copy of the book with that block in force
-  python3 -c 'import sys; from runtime.factory.linebook import book_with_compose_block; book_with_compose_block(sys.argv[1])' "$WORK/book" || exit 1
+  # the book draws the v3.1 patterns the shipped model was trained on: a copy with book v4's patterns
+  python3 -c 'import sys; from runtime.factory.linebook import book_with_compose; book_with_compose(sys.argv[1])' "$WORK/book" || exit 1
   book_args=(--line-book "$WORK/book")
 fi
 # shellcheck disable=SC2086  # TRAIN_ARGS is a list of flags

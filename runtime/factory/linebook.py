@@ -1763,26 +1763,20 @@ def _read_file(path: Path, raw: _Raw) -> None:
             )
 
 
-V4_COMPOSE_MARK = "# v4:"
+V4_COMPOSE = DEFAULT_PATH.parent / "compose_v4.yaml"
+"""Book v4's measured compose patterns (docs/linebook.md, "Book v4"): the default book draws the
+v3.1 patterns (``05_compose.yaml``) the shipped model was trained on until a model is trained on v4."""
 
 
-def book_with_compose_block(out_dir: str | Path, path: str | Path | None = None, mark: str = V4_COMPOSE_MARK) -> Path:
-    """A copy of a book directory (default: the shipped one) in ``out_dir`` whose compose patterns
-    are the commented block that follows the line ``mark`` in its ``00_catalog.yaml`` (each line
-    ``#   `` + the YAML line), in place of the patterns after it. The default book draws the v3.1
-    patterns the shipped model was trained on and keeps book v4's measured weights so
-    (docs/linebook.md, "Book v4"); ``BOOK=v4 bash bench/gpu_train.sh`` trains on this copy.
-    Returns ``out_dir``; LineBookError when the catalog has no such block."""
+def book_with_compose(out_dir: str | Path, compose: str | Path = V4_COMPOSE, path: str | Path | None = None) -> Path:
+    """A copy of a book directory (default: the shipped one) in ``out_dir`` with ``compose`` (a
+    YAML file holding a ``compose`` section) in place of its ``05_compose.yaml``; returns
+    ``out_dir``. ``BOOK=v4 bash bench/gpu_train.sh`` trains on such a copy."""
     src, out = Path(path) if path is not None else DEFAULT_PATH, Path(out_dir)
+    if not (src / "05_compose.yaml").is_file():
+        raise LineBookError(str(src), 0, "compose", "no 05_compose.yaml to replace")
     shutil.copytree(src, out, dirs_exist_ok=True)
-    catalog = out / "00_catalog.yaml"
-    text = catalog.read_text(encoding="utf-8")
-    head, found, rest = text.partition(mark + "\n")
-    block, compose, _old = rest.partition("compose:\n")
-    if not found or not compose:
-        raise LineBookError(str(catalog), 0, "compose", f"no {mark!r} block before the compose patterns")
-    patterns = "".join(line[4:] for line in block.splitlines(True) if line.startswith("#   "))
-    catalog.write_text(head + "compose:\n" + patterns, encoding="utf-8")
+    shutil.copyfile(compose, out / "05_compose.yaml")
     return out
 
 

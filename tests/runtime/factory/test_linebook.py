@@ -130,22 +130,22 @@ def test_context_fragments_match_the_example_context(examples: list[Example]) ->
 
 @pytest.fixture(scope="module")
 def v4_book(tmp_path_factory: pytest.TempPathFactory) -> LineBook:
-    """The default book with book v4's compose block in force (``book_with_compose_block``)."""
-    from runtime.factory.linebook import book_with_compose_block
+    """The default book with book v4's compose patterns (``book_with_compose``)."""
+    from runtime.factory.linebook import book_with_compose
 
-    return load_line_book(book_with_compose_block(tmp_path_factory.mktemp("book_v4") / "book"))
+    return load_line_book(book_with_compose(tmp_path_factory.mktemp("book_v4") / "book"))
 
 
-def test_the_default_book_keeps_v4s_weights_as_a_block_that_loads_and_draws_whole_replies(
+def test_the_default_book_draws_no_whole_reply_and_its_v4_copy_does(
         book: LineBook, examples: list[Example], v4_book: LineBook, tmp_path: Path) -> None:
-    from runtime.factory.linebook import book_with_compose_block
+    from runtime.factory.linebook import book_with_compose
 
     whole = {"own_reply", "trait_reply"}
     assert not any(p.refs & whole for p in book._patterns)  # the shipped model's patterns
     assert set().union(*(p.refs for p in v4_book._patterns)) >= whole
     assert len(v4_book.examples()) == len(examples) == 112_000
-    with pytest.raises(LineBookError, match="no '# v9:' block"):
-        book_with_compose_block(tmp_path / "b", mark="# v9:")
+    with pytest.raises(LineBookError, match=r"no 05_compose\.yaml"):
+        book_with_compose(tmp_path / "b", path=tmp_path)
 
 
 def test_a_trait_reply_is_drawn_only_for_a_prompt_carrying_its_trait(v4_book: LineBook) -> None:
