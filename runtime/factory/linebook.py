@@ -1466,6 +1466,36 @@ class LineBook:
                     grams.update(tuple(words[i:i + n]) for i in range(len(words) - n + 1))
         return grams
 
+    def _tag_grams(self, whole: bool) -> dict[str, set[tuple[str, ...]]]:
+        """Each tag's phrases (:meth:`_ngrams` of its :meth:`_tag_sources` in their voice)."""
+        return {tag: self._ngrams([t for src, arch in srcs for t in self._texts(src.template, arch)])
+                for tag, srcs in self._tag_sources(whole).items()}
+
+    def _general_grams(self) -> set[tuple[str, ...]]:
+        return self._ngrams([t for src in self._general_sources() for t in self._texts(src.template, None)])
+
+    def _said_only_with_their_tag(self, candidates: dict[str, set[tuple[str, ...]]]
+                                  ) -> dict[str, set[tuple[str, ...]]]:
+        """``candidates`` (tag -> phrases, each phrase one tag's) less the phrases some expanded
+        line says without that tag in its prompt (pieces of two fragments meeting, "After
+        that," + "the ..."): those do not voice the tag. Updates ``candidates`` in place."""
+        owner_of = {g: tag for tag, grams in candidates.items() for g in grams}
+        for e in self.examples():
+            tags = {f"archetype:{e.archetype}", *(f"persona:{t}" for t in e.persona),
+                    *(f"context:{k}={v}" for k, v in e.context)}
+            for g in self._ngrams([_SLOT_RE.sub("\n", e.text)]) & owner_of.keys():
+                if owner_of[g] not in tags:
+                    candidates[owner_of[g]].discard(g)
+        return candidates
+
+    @staticmethod
+    def _minimal_phrases(phrases: dict[str, set[tuple[str, ...]]]) -> dict[str, list[str]]:
+        """Each tag's phrases that contain none of its shorter ones, shortest first."""
+        return {tag: [" ".join(g) for g in sorted(
+            (g for g in own if not any(g[i:j] in own for i in range(len(g))
+                                       for j in range(i + 1, len(g) + 1) if (i, j) != (0, len(g)))),
+            key=lambda g: (len(g), g))] for tag, own in phrases.items()}
+
     def signatures(self) -> dict[str, list[str]]:
         """Phrases (1-3 lower-case words) that voice one tag and nothing else in the book.
 
@@ -1483,9 +1513,8 @@ class LineBook:
         """
         if self._signatures is not None:
             return {k: list(v) for k, v in self._signatures.items()}
-        tag_grams = {tag: self._ngrams([t for src, arch in srcs for t in self._texts(src.template, arch)])
-                     for tag, srcs in self._tag_sources(whole=False).items()}
-        general = self._ngrams([t for src in self._general_sources() for t in self._texts(src.template, None)])
+        tag_grams = self._tag_grams(whole=False)
+        general = self._general_grams()
         owners: dict[tuple[str, ...], int] = {}
         for grams in tag_grams.values():
             for g in grams:
@@ -1493,28 +1522,12 @@ class LineBook:
         candidates = {tag: {g for g in grams if owners[g] == 1 and g not in general
                             and not _COMMON.issuperset(g)}
                       for tag, grams in tag_grams.items()}
-        # a phrase some line says without its tag in the prompt (pieces of two fragments
-        # meeting, "After that," + "the ...") does not voice the tag
-        owner_of = {g: tag for tag, grams in candidates.items() for g in grams}
-        for e in self.examples():
-            tags = {f"archetype:{e.archetype}", *(f"persona:{t}" for t in e.persona),
-                    *(f"context:{k}={v}" for k, v in e.context)}
-            for g in self._ngrams([_SLOT_RE.sub("\n", e.text)]) & owner_of.keys():
-                if owner_of[g] not in tags:
-                    candidates[owner_of[g]].discard(g)
-        out: dict[str, list[str]] = {}
-        for tag, own in candidates.items():
-            minimal = sorted(
-                (g for g in own if not any(g[i:j] in own for i in range(len(g))
-                                           for j in range(i + 1, len(g) + 1) if (i, j) != (0, len(g)))),
-                key=lambda g: (len(g), g))
-            out[tag] = [" ".join(g) for g in minimal]
+        out = self._minimal_phrases(self._said_only_with_their_tag(candidates))
         for (slot, value), phrases in self._implies.items():
             tag = f"context:{slot}={value}"
             out[tag] = sorted(set(out.get(tag, [])) | set(phrases), key=lambda p: (len(p.split()), p))
         self._signatures = out
         return {k: list(v) for k, v in out.items()}
-
 
     def voice_markers(self, min_templates: int = VOICE_MARKER_MIN_TEMPLATES) -> dict[str, list[str]]:
         """Phrases (1-3 lower-case words) that recur through one persona trait's whole replies
@@ -1527,10 +1540,8 @@ class LineBook:
         trait's whole replies carry no mood fragment."""
         if self._markers is not None and self._markers[0] == min_templates:
             return {k: list(v) for k, v in self._markers[1].items()}
-        sources = self._tag_sources(whole=True)
-        tag_grams = {tag: self._ngrams([t for src, arch in srcs for t in self._texts(src.template, arch)])
-                     for tag, srcs in sources.items()}
-        general = self._ngrams([t for src in self._general_sources() for t in self._texts(src.template, None)])
+        tag_grams = self._tag_grams(whole=True)
+        general = self._general_grams()
         counts: dict[str, dict[tuple[str, ...], int]] = {}
         for (trait, _state, _intent), cell in self._trait_replies.items():
             tally = counts.setdefault(f"persona:{trait}", {})
@@ -1542,16 +1553,7 @@ class LineBook:
             found[tag] = {g for g, n in tally.items() if n >= min_templates and g not in general
                           and not _COMMON.issuperset(g)
                           and not any(g in grams for other, grams in tag_grams.items() if other != tag)}
-        owner_of = {g: tag for tag, grams in found.items() for g in grams}
-        for e in self.examples():
-            traits = {f"persona:{t}" for t in e.persona}
-            for g in self._ngrams([_SLOT_RE.sub("\n", e.text)]) & owner_of.keys():
-                if owner_of[g] not in traits:
-                    found[owner_of[g]].discard(g)
-        out = {tag: [" ".join(g) for g in sorted(
-            (g for g in grams if not any(g[i:j] in grams for i in range(len(g))
-                                         for j in range(i + 1, len(g) + 1) if (i, j) != (0, len(g)))),
-            key=lambda g: (len(g), g))] for tag, grams in found.items()}
+        out = self._minimal_phrases(self._said_only_with_their_tag(found))
         self._markers = (min_templates, out)
         return {k: list(v) for k, v in out.items()}
 
