@@ -17,25 +17,15 @@
 # Exit status: 0 when the fp32 correctness check passed, 1 when it failed, 2 when no CUDA device.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1
-DEVICE="${DEVICE:-cuda}"
+# shellcheck source=bench/device_env.sh
+source bench/device_env.sh   # PYTHONPATH, unbuffered output, DEVICE, device_report
 SWEEP="${SWEEP:-256 512 1024 2048 4096}"
 SECS="${SECONDS_PER_POINT:-3}"
 BUDGET="${BUDGET_S:-150}"
 LIMIT="${LIMIT_S:-175}"
 
 echo "== gpu_check $(date -u +%FT%TZ) device=$DEVICE sweep=[$SWEEP] ${SECS}s/point"
-python3 -c 'import platform, torch, numpy, onnx, onnxruntime as ort
-print("python", platform.python_version(), "| torch", torch.__version__, "| cuda", torch.version.cuda,
-      "| numpy", numpy.__version__, "| onnx", onnx.__version__, "| onnxruntime", ort.__version__)
-print("gpu:", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none", "| cpus:", __import__("os").cpu_count())' || exit 2
-if [ "$DEVICE" = "cuda" ]; then
-  if ! python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
-    echo "no CUDA device visible to torch"; exit 2
-  fi
-  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-fi
+device_report || exit 2
 
 args=(--device "$DEVICE" --check --sweep $SWEEP --seconds "$SECS" --client-seconds 4 --budget-s "$BUDGET")
 [ "$DEVICE" = "cuda" ] && args+=(--graphs)

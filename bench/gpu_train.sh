@@ -18,9 +18,8 @@
 # Exit status: 0 when the model trained and was packed, 1 when a step failed, 2 when no CUDA device.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1
-DEVICE="${DEVICE:-cuda}"
+# shellcheck source=bench/device_env.sh
+source bench/device_env.sh   # PYTHONPATH, unbuffered output, DEVICE, device_report
 OUT="${OUT:-runs/gpu_train}"
 BUDGET="${TRAIN_BUDGET_S:-400}"
 STEPS="${STEPS:-60000}"
@@ -34,13 +33,7 @@ flashnpc() { python3 -c 'import sys; from plugin.cli import main; sys.exit(main(
 {
 echo "== gpu_train $(date -u +%FT%TZ) device=$DEVICE budget=${BUDGET}s steps<=$STEPS batch=$BATCH book=$BOOK"
 echo "== config $CONFIG ${TRAIN_ARGS:-}"
-python3 -c 'import platform, torch, onnx
-print("python", platform.python_version(), "| torch", torch.__version__, "| cuda", torch.version.cuda,
-      "| onnx", onnx.__version__, "| gpu:", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
-      "| cpus:", __import__("os").cpu_count())' || exit 2
-if [ "$DEVICE" = "cuda" ] && ! python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
-  echo "no CUDA device visible to torch"; exit 2
-fi
+device_report || exit 2
 t0=$(date +%s)
 book_args=()
 if [ "$BOOK" = "v4" ]; then
