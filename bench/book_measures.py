@@ -7,9 +7,12 @@ own test and held-out lines, and distinct-2 over 50 of its lines per condition. 
 other compose weights) to compare them in one run. Per book: an n-gram classifier
 (``runtime.factory.state_classifier.NgramClassifier``, as ``flashnpc eval`` trains it) fitted on
 the book's training lines, its accuracy on up to ``--lines`` test lines and held-out-pair lines
-(seeded pick), the mean distinct-2 of 50 lines drawn per (archetype, state, intent) — the
-ceiling the model's "distinct-2 within 50 seeds" and "archetype classifier" figures are read
-against (docs/model.md) — and how often a line voices a requested persona trait / context value
+(seeded pick), the mean distinct-2 of 50 lines drawn per (archetype, state, intent) (the
+condition's expanded lines, for mixed prompts) and of up to 50 distinct lines the book writes for
+one prompt (``LineBook.lines_for``, 8 prompts of each of ``flashnpc eval``'s prompt shapes on
+seen pairs: the reference of the model's "distinct-2 within 50 seeds of one prompt",
+``distinct2_prompt``), the book's archetype classifier being the other ceiling the model's figures
+are read against (docs/model.md), and how often a line voices a requested persona trait / context value
 (a signature of it, or a trait's voice marker, as ``flashnpc eval``'s writer table counts the book's own lines) over
 ``--lines`` lines of every shape (seeded pick), prompts without one not counted; and the share
 of all lines that are a whole reply (``own_replies`` / ``trait_replies``, book v4) alone, and
@@ -27,6 +30,26 @@ import numpy as np
 from runtime.factory.linebook import LineBook, _normalize, load_line_book
 from runtime.factory.state_classifier import NgramClassifier
 from runtime.factory.text_metrics import SignatureIndex, distinct_n
+from runtime.factory.writer_eval import (
+    SHAPES,
+    cell_rng,
+    draw_requests,
+    pair_conditions,
+    persona_pool,
+)
+
+
+def prompt_distinct2(book: LineBook, seed: int, per_shape: int = 8) -> float:
+    """Mean distinct-2 of the book's own lines for one prompt (up to 50 distinct, ``lines_for``),
+    over ``per_shape`` prompts of every shape on seen pairs, drawn as ``flashnpc eval`` draws its
+    diversity prompts."""
+    conditions, personas = pair_conditions(book, book.split(), "seen"), persona_pool(book)
+    figures = []
+    for shape in SHAPES:
+        for j, (arch, persona, state, intent, context) in enumerate(
+                draw_requests(book, conditions, shape, per_shape, cell_rng(seed, shape, "seen"), personas)):
+            figures.append(distinct_n(book.lines_for(arch, state, intent, persona, context, n=50, seed=seed + j), 2))
+    return float(np.mean(figures))
 
 
 def whole_reply_shares(book: LineBook) -> tuple[float, float]:
@@ -71,6 +94,7 @@ def measure(book_path: str | None, lines: int, seed: int) -> dict[str, float]:
         by_condition[(e.archetype, e.state, e.intent)].append(e.text)
     out["distinct2"] = float(np.mean([distinct_n([v[i] for i in rng.choice(len(v), 50, replace=len(v) < 50)])
                                       for v in by_condition.values()]))
+    out["distinct2_prompt"] = prompt_distinct2(book, seed)
     index = SignatureIndex(book.voiced_phrases())
     examples = book.examples()
     picked = [examples[i] for i in rng.choice(len(examples), min(lines, len(examples)), replace=False)]
@@ -92,7 +116,7 @@ def main() -> None:
     args = ap.parse_args()
     rows = [(b or "shipped", measure(b, args.lines, args.seed)) for b in args.books]
     keys = ("examples", "archetype_test", "archetype_heldout", "intent_test", "intent_heldout", "distinct2",
-            "persona_voiced", "context_voiced", "whole_alone", "whole_in", "seconds")
+            "distinct2_prompt", "persona_voiced", "context_voiced", "whole_alone", "whole_in", "seconds")
     print(f"{'book':30s} " + " ".join(f"{k:>17s}" for k in keys))
     for name, m in rows:
         print(f"{name[-30:]:30s} " + " ".join(f"{m[k]:>17.3f}" if k != "examples" else f"{int(m[k]):>17d}" for k in keys))

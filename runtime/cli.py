@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 from runtime.console import Progress, print_json, ticking
 
 if TYPE_CHECKING:  # torch is an extra: `flashnpc` must start without it
+    from runtime.factory.evaluate import EvalConfig
     from runtime.factory.model import FlashConfig
     from runtime.factory.train import TrainConfig
 
@@ -248,6 +249,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where to write every figure (required without a subcommand)")
     parser.add_argument("--fast", action="store_true", help="a small slice (seconds, for smoke checks)")
     parser.add_argument("--seed", type=int, default=0)
+    _add_decoding_arguments(parser, None)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     sub = parser.add_subparsers(dest="eval_command", metavar="{blind,unblind}")
     # the subcommands share --model, --line-book, --seed, --json with plain `flashnpc eval`;
@@ -259,11 +261,17 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     blind.add_argument("--model", type=Path, default=argparse.SUPPRESS, help="exported model directory")
     blind.add_argument("--line-book", type=Path, default=argparse.SUPPRESS, help="line book")
     blind.add_argument("--seed", type=int, default=argparse.SUPPRESS)
+    _add_decoding_arguments(blind, argparse.SUPPRESS)
     blind.add_argument("--model-lines", type=int, default=100, help="model lines to rate (default 100)")
     blind.add_argument("--book-lines", type=int, default=50, help="book lines to rate (default 50)")
     blind.add_argument("--versus", type=Path, default=None, metavar="MODEL",
                        help="a second exported model: its lines for the same prompts join the kit "
                             "(source 'versus'), for a blind A/B of two models")
+    blind.add_argument("--versus-temperature", type=float, default=None, metavar="T",
+                       help="the second model's sampling temperature (default: --temperature), for a "
+                            "blind A/B of two decodings of one model (--versus the same directory)")
+    blind.add_argument("--versus-top-p", type=float, default=None, metavar="P",
+                       help="the second model's nucleus (default: --top-p)")
     blind.add_argument("--out", type=Path, required=True, help="the CSV to write (its key beside it)")
     blind.add_argument("--no-progress", action="store_true", default=argparse.SUPPRESS,
                        help="no progress bar on stderr")
@@ -273,6 +281,37 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     unblind.add_argument("file", type=Path, help="the rated CSV")
     unblind.add_argument("--key", type=Path, default=None, help="the key (default: FILE.key.json)")
     unblind.add_argument("--json", type=Path, default=argparse.SUPPRESS, help="also write the summary here")
+
+
+def _add_decoding_arguments(parser: argparse.ArgumentParser, default: Any) -> None:
+    """--temperature and --top-p (``default``: None, or SUPPRESS on a subcommand so a value given
+    before the subcommand's name is kept)."""
+    from runtime.factory.evaluate import EvalConfig
+
+    parser.add_argument("--temperature", type=float, default=default, metavar="T",
+                        help=f"sampling temperature (default {EvalConfig.temperature}, the engine's)")
+    parser.add_argument("--top-p", type=float, default=default, metavar="P",
+                        help=f"nucleus of the sampling (default {EvalConfig.top_p}, the engine's)")
+
+
+def _decoding(args: argparse.Namespace, cfg: EvalConfig, prefix: str = "") -> EvalConfig:
+    """``cfg`` with the --[PREFIX]temperature / --[PREFIX]top-p given (checked like the engine's)."""
+    from dataclasses import replace
+
+    from runtime.client.constraints import check_sampling
+
+    temperature = getattr(args, f"{prefix}temperature", None)
+    top_p = getattr(args, f"{prefix}top_p", None)
+    if prefix and temperature is None:
+        temperature = getattr(args, "temperature", None)
+    if prefix and top_p is None:
+        top_p = getattr(args, "top_p", None)
+    out = replace(cfg, temperature=cfg.temperature if temperature is None else temperature,
+                  top_p=cfg.top_p if top_p is None else top_p)
+    check_sampling(out.temperature, 0, out.top_p, 1)
+    if out.temperature == 0:
+        raise ValueError("--temperature must be > 0: the evaluation samples 50 lines a prompt")
+    return out
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -293,6 +332,11 @@ def run_eval(args: argparse.Namespace) -> int:
 
     cfg = EvalConfig.fast() if args.fast else EvalConfig()
     cfg.seed = args.seed
+    try:
+        cfg = _decoding(args, cfg)
+    except ValueError as exc:
+        print(f"flashnpc eval: error: {exc}", file=sys.stderr)
+        return 2
     book = load_line_book(args.line_book)
     report = evaluate(args.model, line_book=book, cfg=cfg, progress=lambda m: print(f"· {m}", file=sys.stderr),
                       progress_bar=not args.no_progress)
@@ -323,16 +367,29 @@ def _blind(args: argparse.Namespace) -> int:
     from runtime.factory.evaluate import EvalConfig, Sampler
     from runtime.factory.linebook import load_line_book
 
+    try:
+        cfg = _decoding(args, EvalConfig(seed=args.seed))
+        versus_cfg = _decoding(args, EvalConfig(seed=args.seed), prefix="versus_")
+    except ValueError as exc:
+        print(f"flashnpc eval blind: error: {exc}", file=sys.stderr)
+        return 2
+    if args.versus is None and (args.versus_temperature is not None or args.versus_top_p is not None):
+        print("flashnpc eval blind: error: --versus-temperature / --versus-top-p need --versus MODEL "
+              "(the same directory as --model for two decodings of one model)", file=sys.stderr)
+        return 2
     book = load_line_book(args.line_book)
-    cfg = EvalConfig(seed=args.seed)
     sampler = Sampler(FlashOnnx.load(args.model, file="model.int4.onnx"), cfg, book)
-    versus = None if args.versus is None else Sampler(FlashOnnx.load(args.versus, file="model.int4.onnx"), cfg, book)
+    versus = None if args.versus is None else Sampler(FlashOnnx.load(args.versus, file="model.int4.onnx"),
+                                                      versus_cfg, book)
+
+    def named(model: Path | None, c: EvalConfig) -> str:
+        return f"{model or 'shipped default'} (temperature {c.temperature:g}, top-p {c.top_p:g})"
+
     try:
         with ticking("eval blind: sampling", enabled=not args.no_progress):
             key = write_blind(args.out, book=book, sampler=sampler, model_lines=args.model_lines,
-                              book_lines=args.book_lines, seed=args.seed,
-                              model_name=str(args.model) if args.model else "shipped default",
-                              versus=versus, versus_name=None if args.versus is None else str(args.versus))
+                              book_lines=args.book_lines, seed=args.seed, model_name=named(args.model, cfg),
+                              versus=versus, versus_name=None if args.versus is None else named(args.versus, versus_cfg))
     except ValueError as exc:
         print(f"flashnpc eval blind: {exc}", file=sys.stderr)
         return 2

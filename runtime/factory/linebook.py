@@ -26,10 +26,10 @@ import hashlib
 import random
 import re
 import shutil
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import yaml
 
@@ -333,6 +333,15 @@ class _Pattern:
     positions: tuple[str | None, ...] = ()  # per template part: see _part_positions
     fit: _Source | None = None  # the pattern's not_with / only_with marks (fit.fits(state, intent, None))
     max_sentences: int | None = None  # a line of more sentences is drawn again (None: any)
+
+
+class _Drawn(NamedTuple):
+    """A line the composition drew (:meth:`LineBook._compose`)."""
+
+    text: str
+    problem: LintProblem | None  # a template artifact it shows (lint_line, the player named twice, a repeat)
+    fits: bool  # within the book's word limits and the pattern's sentence count
+    pattern: _Pattern
 
 
 _NO_SOURCES: list[_Source] = []  # one empty list: :meth:`LineBook._fitting` caches lists by id
@@ -1315,15 +1324,45 @@ class LineBook:
                     problems.append(LintProblem(text, problem, (f"{src.where.file}:{src.where.line}",)))
         return problems
 
+    def _patterns_for(self, state: str, intent: str) -> list[_Pattern]:
+        tone = self._state_tone[state]
+        return [p for p in self._patterns if tone in p.tones and (p.fit is None or p.fit.fits(state, intent, None))]
+
+    def _compose(self, patterns: Sequence[_Pattern], arch: str, state: str, intent: str,
+                 persona: tuple[str, ...], ctx: dict[str, str], rng: random.Random
+                 ) -> _Drawn | None:
+        """One line drawn for a prompt, as the expansion draws it: a pattern among ``patterns``
+        usable for the prompt (weighted), each part expanded; None when no pattern is usable
+        for the prompt."""
+        tone = self._state_tone[state]
+        usable = [p for p in patterns if self._usable(p, arch, state, intent, tone, persona, ctx)]
+        if not usable:
+            return None
+        pattern = rng.choices(usable, weights=[p.weight for p in usable])[0]
+        env = _Env(self, arch, state, intent, tone, persona, ctx, rng)
+        pieces: list[str] = []
+        for part, position in zip(pattern.template, pattern.positions, strict=True):
+            env.position = position
+            pieces.append("".join(env.expand((part,))))
+        text = _normalize("".join(pieces))
+        repeated = repeated_word([piece for part, piece in zip(pattern.template, pieces, strict=True)
+                                  if not isinstance(part, str)])
+        problem = lint_line(text) or (
+            "names the player twice" if env.addressed > 1 else None) or (
+            f"repeats {repeated!r} across its parts" if repeated else None)
+        found = None if problem is None else LintProblem(
+            text, problem, tuple(f"{w.file}:{w.line}" for w in dict.fromkeys(src.where for src in env.sources)))
+        fits = (self.min_words <= len(text.split()) <= self.max_words
+                and (pattern.max_sentences is None or sentences(text) <= pattern.max_sentences))
+        return _Drawn(text, found, fits, pattern)
+
     def _expand_all(self) -> Iterator[Example]:
         self._lint_log: list[LintProblem] = []
         text_state: dict[str, tuple[str, str, str]] = {}
         for arch in self.archetypes:
             for state in self.states:
-                tone = self._state_tone[state]
                 for intent in self.intents:
-                    patterns = [p for p in self._patterns if tone in p.tones
-                                and (p.fit is None or p.fit.fits(state, intent, None))]
+                    patterns = self._patterns_for(state, intent)
                     rng = random.Random(f"{self.seed}:{arch}:{state}:{intent}")
                     seen: set[str] = set()
                     attempts = 0
@@ -1331,37 +1370,20 @@ class LineBook:
                         attempts += 1
                         persona = self._draw_persona(rng)
                         ctx = self._draw_context(rng)
-                        usable = [p for p in patterns if self._usable(p, arch, state, intent, tone, persona, ctx)]
-                        if not usable:
+                        drawn = self._compose(patterns, arch, state, intent, persona, ctx, rng)
+                        if drawn is None:
                             continue
-                        pattern = rng.choices(usable, weights=[p.weight for p in usable])[0]
-                        env = _Env(self, arch, state, intent, tone, persona, ctx, rng)
-                        pieces: list[str] = []
-                        for part, position in zip(pattern.template, pattern.positions, strict=True):
-                            env.position = position
-                            pieces.append("".join(env.expand((part,))))
-                        text = _normalize("".join(pieces))
-                        n_words = len(text.split())
-                        repeated = repeated_word([piece for part, piece in zip(pattern.template, pieces, strict=True)
-                                                  if not isinstance(part, str)])
-                        problem = lint_line(text) or (
-                            "names the player twice" if env.addressed > 1 else None) or (
-                            f"repeats {repeated!r} across its parts" if repeated else None)
+                        text, problem, fits, pattern = drawn
                         if problem is not None:
-                            self._lint_log.append(LintProblem(
-                                text, problem, tuple(f"{w.file}:{w.line}" for w in
-                                                     dict.fromkeys(src.where for src in env.sources))))
-                        if (text in seen or problem is not None
-                                or not self.min_words <= n_words <= self.max_words
-                                or (pattern.max_sentences is not None and sentences(text) > pattern.max_sentences)):
+                            self._lint_log.append(problem)
+                        if text in seen or problem is not None or not fits:
                             continue
                         other = text_state.get(text)
                         if other is not None and other[0] != state:
                             raise pattern.where.error(
                                 f"the line {text!r} is produced for state {state!r} "
                                 f"({arch}, {intent}) and for state {other[0]!r} ({other[1]}, {other[2]}); "
-                                "every line must belong to one state"
-                            )
+                                "every line must belong to one state")
                         text_state.setdefault(text, (state, arch, intent))
                         seen.add(text)
                         yield Example(
@@ -1372,6 +1394,36 @@ class LineBook:
                             context=tuple(sorted(ctx.items())),
                             text=text,
                         )
+
+    def lines_for(self, archetype: str, state: str, intent: str, persona: Sequence[str] = (),
+                  context: Mapping[str, str] | Sequence[tuple[str, str]] = (), n: int = 50,
+                  seed: int = 0) -> list[str]:
+        """Up to ``n`` distinct lines the book writes for one prompt, drawn as its expansion
+        draws a condition's lines (weighted patterns, no artifact, no line twice) but with the
+        persona and context fixed: what the book itself says to one prompt asked again and
+        again, the reference for the model's "distinct-2 within 50 seeds of one prompt". Stops
+        after ``8 * n`` draws (fewer lines where the prompt's patterns run out)."""
+        for kind, value, known in (("archetype", archetype, self.archetypes), ("state", state, self.states),
+                                   ("intent", intent, self.intents)):
+            _check_known(kind, value, known)
+        ctx = dict(context)
+        for trait in persona:
+            _check_known("persona trait", trait, self.persona_traits)
+        for slot, value in ctx.items():
+            _check_known("context slot", slot, list(self.context))
+            _check_known(f"{slot} value", value, self.context[slot])
+        patterns = self._patterns_for(state, intent)
+        rng = random.Random(f"{self.seed}:{seed}:{archetype}:{state}:{intent}:{','.join(persona)}:{sorted(ctx.items())}")
+        out: list[str] = []
+        for _ in range(8 * n):
+            if len(out) >= n:
+                break
+            drawn = self._compose(patterns, archetype, state, intent, tuple(persona), ctx, rng)
+            if drawn is None:
+                break
+            if drawn.problem is None and drawn.fits and drawn.text not in out:
+                out.append(drawn.text)
+        return out
 
     def _draw_persona(self, rng: random.Random) -> tuple[str, ...]:
         """0, 1 or 2 compatible traits (a quarter of prompts carry none)."""

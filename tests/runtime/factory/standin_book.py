@@ -77,6 +77,11 @@ class StandinBook:
     def voice_markers(self) -> dict[str, list[str]]:
         return {}  # the stand-in's traits have no whole replies
 
+    def lines_for(self, archetype: str, state: str, intent: str, persona=(), context=(), n: int = 50,
+                  seed: int = 0) -> list[str]:
+        """The stand-in writes one line per prompt (:func:`standin_line`)."""
+        return [standin_line((archetype, tuple(persona), state, intent, tuple(context)))][:n]
+
     def allowed_slots(self, archetype: str, state: str, intent: str) -> set[str]:
         return {"player"}
 

@@ -20,6 +20,7 @@ from runtime.factory.blind import (
     write_blind,
 )
 from runtime.factory.writer_eval import SHAPES, SIDES, prompt_shape
+from runtime.paths import DEFAULT_MODEL_DIR
 from tests.runtime.factory.standin_book import StandinBook, StandinSampler
 
 
@@ -202,3 +203,19 @@ def test_cli_blind_then_unblind_with_the_shipped_model(tmp_path, capsys):
     assert "model" in capsys.readouterr().out
     summary = json.loads(summary_path.read_text())
     assert summary["model"]["all"]["n"] == 10 and summary["book"]["all"]["shippable"] == 1.0
+
+
+def test_cli_blind_versus_one_model_at_two_temperatures(tmp_path, capsys):
+    """Two decodings of one model side by side: each side sampled at its own temperature, the key
+    naming both, so the A/B unblinds apart."""
+    out = tmp_path / "ab.csv"
+    model = str(DEFAULT_MODEL_DIR)
+    assert main(["eval", "blind", "--model", model, "--temperature", "1.0", "--versus", model,
+                 "--versus-temperature", "0.8", "--model-lines", "10", "--book-lines", "0", "--seed", "2",
+                 "--out", str(out), "--no-progress"]) == 0
+    key = json.loads(key_path(out).read_text())
+    assert key["model"].endswith("(temperature 1, top-p 0.95)")
+    assert key["versus"].endswith("(temperature 0.8, top-p 0.95)")
+    lines = {s: [i["line"] for i in key["items"] if i["source"] == s] for s in ("model", "versus")}
+    assert len(lines["model"]) == len(lines["versus"]) == 10
+    assert lines["model"] != lines["versus"]  # the same seeds, another temperature

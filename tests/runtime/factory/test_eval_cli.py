@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from plugin.cli import build_parser, main
 from runtime.factory.writer_eval import SHAPES, SIDES, WRITER_THRESHOLDS
 
@@ -45,3 +47,30 @@ def test_eval_writes_the_writer_figures_and_prints_their_table(shipped_fast_repo
     assert all(set(writer["cells"][s]) == set(SIDES) for s in SHAPES)
     assert len(writer["checks"]) == len(SHAPES) * len(SIDES) * len(WRITER_THRESHOLDS)
     assert report["passed"] == (writer["passed"] and all(v is not False for v in report["checks"].values()))
+
+
+def test_eval_samples_at_the_temperature_and_nucleus_asked(shipped_fast_report, monkeypatch, tmp_path):
+    seen = {}
+
+    def fake_evaluate(model_dir, *, line_book, cfg, progress, progress_bar):
+        seen["cfg"] = cfg
+        return shipped_fast_report
+
+    monkeypatch.setattr("runtime.factory.evaluate.evaluate", fake_evaluate)
+    main(["eval", "--fast", "--json", str(tmp_path / "a.json"), "--no-progress"])
+    assert (seen["cfg"].temperature, seen["cfg"].top_p) == (0.8, 0.95)  # the engine's defaults
+    main(["eval", "--fast", "--temperature", "1.0", "--top-p", "0.9", "--json", str(tmp_path / "b.json"),
+          "--no-progress"])
+    assert (seen["cfg"].temperature, seen["cfg"].top_p) == (1.0, 0.9)
+    assert seen["cfg"].writer_samples == 70  # the rest of --fast kept
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["eval", "--temperature", "0", "--json", "e.json"], "--temperature must be > 0"),
+    (["eval", "--top-p", "1.5", "--json", "e.json"], "top_p must be in (0, 1], got 1.5"),
+    (["eval", "blind", "--out", "r.csv", "--versus-temperature", "1.0"], "need --versus MODEL"),
+    (["eval", "blind", "--out", "r.csv", "--versus", "m", "--versus-top-p", "0"], "top_p must be in (0, 1]"),
+])
+def test_eval_refuses_a_decoding_it_cannot_sample(argv, needle, capsys):
+    assert main(argv) == 2
+    assert needle in capsys.readouterr().err

@@ -130,6 +130,8 @@ def test_measure_writer_on_the_standin_gives_the_figures_worked_out_by_hand():
             assert model["context_voiced"] == (None if shape == "ctx0" else 1.0)
             assert model["novelty"] >= 1 / 3  # the glitched lines at least are new
             assert model["intent_accuracy"] == 1.0
+            # the book's one line per prompt repeats no word pair; the six samples repeat all but a glitch's
+            assert ref["distinct2"] == 1.0 and model["distinct2"] < 0.5
             if ref["glitch_rate"] is not None:  # the book has lines of this shape and side
                 assert ref["glitch_rate"] == 0 and ref["nonword_rate"] == 0
     assert report["cells"]["ctx0"]["seen"]["checks"]["context_voiced"] is None
