@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from runtime.client.constraints import read_constraints
+from runtime.client.sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_P
 from runtime.serving.batched_engine import BatchedEngine, GenRequest, GenResult, load_flash
 
 
@@ -191,7 +192,7 @@ def correctness(model: Any, tok: Any, banned: list[str], device: str, dtype: str
                 tokens: int = 24) -> dict[str, Any]:
     """Batched == single: ``n`` different requests together vs each alone, same seeds."""
     prompts = village_prompts(tok, n, seed=7)
-    reqs = [GenRequest(p, seed=1000 + i, max_tokens=tokens, temperature=0.8, top_k=50, top_p=0.95)
+    reqs = [GenRequest(p, seed=1000 + i, max_tokens=tokens, temperature=DEFAULT_TEMPERATURE, top_k=50, top_p=DEFAULT_TOP_P)
             for i, p in enumerate(prompts)]
     batched_engine = BatchedEngine(model, tok, device=device, dtype=dtype, max_batch=n, banned_words=banned)
     with torch.inference_mode():

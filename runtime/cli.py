@@ -286,12 +286,12 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_decoding_arguments(parser: argparse.ArgumentParser, default: Any) -> None:
     """--temperature and --top-p (``default``: None, or SUPPRESS on a subcommand so a value given
     before the subcommand's name is kept)."""
-    from runtime.factory.evaluate import EvalConfig
+    from runtime.client.sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_P
 
     parser.add_argument("--temperature", type=float, default=default, metavar="T",
-                        help=f"sampling temperature (default {EvalConfig.temperature}, the engine's)")
+                        help=f"sampling temperature (default {DEFAULT_TEMPERATURE:g}, the engine's)")
     parser.add_argument("--top-p", type=float, default=default, metavar="P",
-                        help=f"nucleus of the sampling (default {EvalConfig.top_p}, the engine's)")
+                        help=f"nucleus of the sampling (default {DEFAULT_TOP_P:g}, the engine's)")
 
 
 def _decoding(args: argparse.Namespace, cfg: EvalConfig, prefix: str = "") -> EvalConfig:

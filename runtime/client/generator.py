@@ -81,7 +81,7 @@ from runtime.client.fallback import FallbackBook
 from runtime.client.metrics import EngineMetrics
 from runtime.client.onnx_model import DEFAULT_MODEL_DIR, FlashOnnx, decode_rows
 from runtime.client.prefix_cache import PrefixCache
-from runtime.client.sampling import sample_next
+from runtime.client.sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, sample_next
 from runtime.client.signature import PublicKey
 from runtime.client.trigrams import TrigramReader, TrigramTable, tokens_through
 from runtime.tokenizer import check_request
@@ -262,7 +262,8 @@ class LineGenerator:
                  banned_words: Iterable[str] = (), slot_rules: SlotRules | None = None,
                  vocabulary: Iterable[str] | None = None, signatures: Mapping[str, Iterable[str]] | None = None,
                  prefix_cache: PrefixCache | None = None, use_prefix_cache: bool = True,
-                 name: str = "flash", temperature: float = 0.8, top_p: float = 0.95, top_k: int = 0,
+                 name: str = "flash", temperature: float = DEFAULT_TEMPERATURE, top_p: float = DEFAULT_TOP_P,
+                 top_k: int = 0,
                  repeat_window: int = 8, max_resamples: int = 2, workers: int = 1,
                  slot_defaults: Mapping[str, str] | None = None, min_mean_logprob: float | None = -5.0,
                  voice: Mapping[str, float] | None = None, bigrams: BigramTable | None = None,
@@ -761,6 +762,8 @@ class LineGenerator:
             if shown and row.finish == "blocked" and attempt < self.max_resamples:
                 line, why = None, "blocked"  # a stream goes on from what it has shown, with another sample
             else:
+                if gate is not None and shown and 0 <= row.cut < gate.shown_upto:
+                    row.cut = gate.shown_upto  # a cut inside what was shown: it stays said
                 line, why = self._finish(row, attempt + 1, shown=bool(shown))
             if line is not None:
                 if stream and line.text[len(shown):]:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnxruntime as ort
 
-from runtime.client.sampling import sample_next
+from runtime.client.sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, sample_next
 from runtime.paths import DEFAULT_MODEL_DIR
 
 if TYPE_CHECKING:
@@ -187,7 +187,7 @@ class FlashOnnx:
         return out[self._logits_at], [out[i] for i in self._present_at], out[self._router_at]
 
     def generate_ids(self, prompt_ids: Sequence[int], *, max_tokens: int = 48,
-                     temperature: float = 0.8, top_k: int = 0, top_p: float = 0.95,
+                     temperature: float = DEFAULT_TEMPERATURE, top_k: int = 0, top_p: float = DEFAULT_TOP_P,
                      seed: int | None = None, eos_id: int | None = None) -> list[int]:
         """Sample a continuation of ``prompt_ids``: prefill once, then one token per step with the KV cache.
 
@@ -223,8 +223,8 @@ class FlashOnnx:
     def generate(self, archetype: str, state: str, *, persona: Sequence[str] = (),
                  intent: str = "approach",
                  context: Mapping[str, str] | Iterable[tuple[str, str]] | None = None,
-                 seed: int | None = None, max_tokens: int = 48, temperature: float = 0.8,
-                 top_p: float = 0.95) -> str:
+                 seed: int | None = None, max_tokens: int = 48, temperature: float = DEFAULT_TEMPERATURE,
+                 top_p: float = DEFAULT_TOP_P) -> str:
         """One line for the request; slot markers such as ``{player}`` are left in the text."""
         if self.tokenizer is None:
             raise ValueError("no tokenizer loaded: use FlashOnnx.load(model_dir)")

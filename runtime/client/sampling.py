@@ -16,6 +16,16 @@ from __future__ import annotations
 
 import numpy as np
 
+#: The engines' default decoding (the client engine, the servers, ``flashnpc eval``), which a
+#: bundle's manifest records. Temperature 1.0 since session 9 (was 0.8): read blind against 0.8
+#: in one sitting (docs/ratings/ab_t10_t08, 100 prompts each) it rated as well (70.0% / 2.0%
+#: against 68.0% / 1.0% shippable / garbled; as served 71.4% / 0.0% against 68.7% / 1.0%), and
+#: an NPC asked the same thing 50 times says more different things (distinct-2 0.42-0.46
+#: against 0.38-0.42; the book's own for one prompt 0.47-0.52). The word constraints, not a
+#: cooler temperature, keep the non-words and glitches out (docs/model.md, "Decoding").
+DEFAULT_TEMPERATURE = 1.0
+DEFAULT_TOP_P = 0.95
+
 
 def _check(temperature: float, top_k: int, top_p: float) -> None:
     if not np.isfinite(temperature) or temperature < 0:
@@ -85,7 +95,7 @@ def filtered_probs(logits: np.ndarray, *, temperature: float = 1.0, top_k: int =
 
 
 def sample_next(logits: np.ndarray, rng: np.random.Generator | None = None, *,
-                temperature: float = 0.8, top_k: int = 0, top_p: float = 0.95) -> int:
+                temperature: float = DEFAULT_TEMPERATURE, top_k: int = 0, top_p: float = DEFAULT_TOP_P) -> int:
     """Pick the next token id from one logits row [V] (see the module docstring)."""
     _check(temperature, top_k, top_p)
     row = np.asarray(logits).reshape(-1)
@@ -108,4 +118,4 @@ def sample_next(logits: np.ndarray, rng: np.random.Generator | None = None, *,
     return idx if ids is None else int(ids[idx])
 
 
-__all__ = ["filtered_probs", "sample_next"]
+__all__ = ["DEFAULT_TEMPERATURE", "DEFAULT_TOP_P", "filtered_probs", "sample_next"]

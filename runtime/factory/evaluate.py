@@ -40,6 +40,7 @@ from runtime.client.constraints import (
     settled_text,
 )
 from runtime.client.onnx_model import FlashOnnx
+from runtime.client.sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_P
 from runtime.client.trigrams import tokens_through
 from runtime.factory.linebook import Example, LineBook, load_line_book
 from runtime.factory.state_classifier import NgramClassifier
@@ -70,8 +71,8 @@ class EvalConfig:
     diversity_samples: int = 50
     safety_samples: int = 10_000
     ppl_examples: int = 1000
-    temperature: float = 0.8
-    top_p: float = 0.95
+    temperature: float = DEFAULT_TEMPERATURE  # the engine's decoding
+    top_p: float = DEFAULT_TOP_P
     max_tokens: int = 48
     seed: int = 0
     # writer measures (runtime.factory.writer_eval), per prompt shape x {seen, held-out} cell

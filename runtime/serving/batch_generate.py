@@ -21,7 +21,7 @@ import numpy as np
 
 from runtime.client.constraints import WordConstraint, WordState
 from runtime.client.onnx_model import FlashOnnx, decode_rows
-from runtime.client.sampling import sample_next
+from runtime.client.sampling import DEFAULT_TEMPERATURE, sample_next
 
 
 def generate_ids_batch(
@@ -31,7 +31,7 @@ def generate_ids_batch(
     seeds: Sequence[int],
     blocked: Sequence[np.ndarray | None] | None = None,
     max_tokens: int = 48,
-    temperature: float = 0.8,
+    temperature: float = DEFAULT_TEMPERATURE,
     top_k: int = 0,
     top_p: float = 0.95,
     batch_size: int = 64,

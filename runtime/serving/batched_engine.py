@@ -55,6 +55,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from runtime.client.constraints import WordConstraint, WordState
+from runtime.client.sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_P
 from runtime.factory.model import MLP, Flash, FlashConfig, MoE
 from runtime.factory.quant import fake_quant_int4
 from runtime.paths import DEFAULT_MODEL_DIR
@@ -285,9 +286,9 @@ class GenRequest:
     attempt: int = 0
     max_tokens: int = 48
     min_tokens: int = 0
-    temperature: float = 0.8
+    temperature: float = DEFAULT_TEMPERATURE
     top_k: int = 50
-    top_p: float = 0.95
+    top_p: float = DEFAULT_TOP_P
     blocked_tokens: Sequence[int] = ()
     banned: int | None = None
     on_token: Callable[[int, float], None] | None = None

@@ -82,6 +82,7 @@ from runtime.client.constraints import (
 from runtime.client.fallback import FallbackBook
 from runtime.client.generator import active_params_percent
 from runtime.client.metrics import EngineMetrics
+from runtime.client.sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_P
 from runtime.client.trigrams import TrigramTable
 from runtime.serving.batched_engine import BatchedEngine, GenRequest, GenResult, Handle
 from runtime.serving.block_cache import TIERS
@@ -392,7 +393,8 @@ class DialogueService(StartClose):
                  solo_engine: BatchedEngine | None = None,
                  max_queue: int = 1024, max_sessions: int = 100_000, default_deadline_ms: float = 1000.0,
                  latency_budget_ms: float = 300.0, breaker: CircuitBreaker | None = None,
-                 max_tokens: int = 48, temperature: float = 0.8, top_k: int = 50, top_p: float = 0.95,
+                 max_tokens: int = 48, temperature: float = DEFAULT_TEMPERATURE, top_k: int = 50,
+                 top_p: float = DEFAULT_TOP_P,
                  repeat_window: int = 8, max_resamples: int = 1, min_mean_logprob: float | None = -5.0,
                  name: str = "flash", cpu_threads: int | None = 1, warm_up: bool = True,
                  prefix_window: PrefixHitWindow | None = None, trigrams: TrigramTable | None = None) -> None:

@@ -45,7 +45,9 @@ def pinned_requests(gen: LineGenerator) -> list[LineRequest]:
             str(rng.choice(cat["archetypes"])), str(rng.choice(cat["states"])), persona=persona,
             intent=str(rng.choice(cat["intents"])), context=ctx, seed=int(rng.integers(2**31)),
             max_tokens=24 if forced else 48, min_tokens=24 if forced else 0,
-            temperature=0.0 if (not forced and j % 5 == 0) else None, npc_id=("pinned", j)))
+            # 0.8: the engine's default when the fixture was written (1.0 since session 9); the
+            # fixture pins the constraints' exactness, which no temperature changes
+            temperature=0.0 if (not forced and j % 5 == 0) else 0.8, npc_id=("pinned", j)))
     return out
 
 

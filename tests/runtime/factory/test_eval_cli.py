@@ -8,6 +8,7 @@ import json
 import pytest
 
 from plugin.cli import build_parser, main
+from runtime.client.sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_P
 from runtime.factory.writer_eval import SHAPES, SIDES, WRITER_THRESHOLDS
 
 
@@ -58,7 +59,7 @@ def test_eval_samples_at_the_temperature_and_nucleus_asked(shipped_fast_report, 
 
     monkeypatch.setattr("runtime.factory.evaluate.evaluate", fake_evaluate)
     main(["eval", "--fast", "--json", str(tmp_path / "a.json"), "--no-progress"])
-    assert (seen["cfg"].temperature, seen["cfg"].top_p) == (0.8, 0.95)  # the engine's defaults
+    assert (seen["cfg"].temperature, seen["cfg"].top_p) == (DEFAULT_TEMPERATURE, DEFAULT_TOP_P)  # the engine's
     main(["eval", "--fast", "--temperature", "1.0", "--top-p", "0.9", "--json", str(tmp_path / "b.json"),
           "--no-progress"])
     assert (seen["cfg"].temperature, seen["cfg"].top_p) == (1.0, 0.9)
