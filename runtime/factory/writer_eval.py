@@ -100,6 +100,7 @@ FIGURES: tuple[tuple[str, str], ...] = (
     ("intent_accuracy", "intent classifier"),
     ("state_fidelity", "state fidelity"),
     ("distinct2", "distinct-2, 50 seeds"),
+    ("fallback_rate", "served as a fallback"),
     ("novelty", "novelty"),
     ("memorisation", "memorised (a training line)"),
 )
@@ -323,6 +324,7 @@ class _Cell:
     requests: list[Request]
     diversity: list[Request]
     lines: list[str] = field(default_factory=list)
+    fallbacks: list[bool] = field(default_factory=list)  # where the engine would serve an authored line
     distinct: list[float] = field(default_factory=list)
     book_distinct: list[float] = field(default_factory=list)
 
@@ -366,6 +368,7 @@ def measure_writer(
     bar = _bar(total, progress_bar)
     for k, cell in enumerate(cells):
         cell.lines = sampler.sample(cell.requests, seed=cfg.seed + 1000 + k)
+        cell.fallbacks = list(getattr(sampler, "last_fallbacks", None) or [False] * len(cell.lines))
         bar(len(cell.requests))
         for j, req in enumerate(cell.diversity):
             lines = sampler.sample([req] * cfg.diversity_samples, seed=cfg.seed + 10_000 + 100 * k + j)
@@ -400,12 +403,13 @@ def measure_writer(
                                 if clf_ref else None)
         model["distinct2"] = float(np.mean(cell.distinct)) if cell.distinct else None
         model["distinct2_min"] = float(np.min(cell.distinct)) if cell.distinct else None
+        model["fallback_rate"] = _rate(cell.fallbacks)
         model["novelty"] = novelty(cell.lines, known)
         model["memorisation"] = 1.0 - novelty(cell.lines, train_texts) if cell.lines else None
         # the book's own: up to 50 distinct lines it writes for each of the same prompts (LineBook.lines_for)
         book_fig["distinct2"] = float(np.mean(cell.book_distinct)) if cell.book_distinct else None
         book_fig["distinct2_min"] = float(np.min(cell.book_distinct)) if cell.book_distinct else None
-        for figure in ("novelty", "memorisation"):
+        for figure in ("fallback_rate", "novelty", "memorisation"):
             book_fig[figure] = None
         cell_checks = {f: check(f, cell.side, model[f], book_fig.get(f)) for f in WRITER_THRESHOLDS}
         report_cells[cell.shape][cell.side] = {

@@ -143,6 +143,28 @@ def test_measure_writer_on_the_standin_gives_the_figures_worked_out_by_hand():
     assert again == report
 
 
+class _FallingBackSampler(StandinSampler):
+    """The stand-in's lines, every fifth of a call marked as one the engine would replace."""
+
+    def sample(self, requests, seed):
+        lines = super().sample(requests, seed)
+        self.last_fallbacks = [k % 5 == 0 for k in range(len(lines))]
+        return lines
+
+
+def test_measure_writer_reports_the_lines_the_engine_would_serve_as_fallbacks():
+    book = StandinBook()
+    cfg = EvalConfig(writer_samples=30, writer_diversity=1, diversity_samples=4, book_reference=20, seed=1)
+    report = measure_writer(book, book.split(), _FallingBackSampler(), _standin_classifiers(book), cfg)
+    plain = measure_writer(book, book.split(), StandinSampler(), _standin_classifiers(book), cfg)
+    for shape in SHAPES:
+        for side in SIDES:
+            assert report["cells"][shape][side]["model"]["fallback_rate"] == pytest.approx(6 / 30)
+            assert plain["cells"][shape][side]["model"]["fallback_rate"] == 0.0
+            assert report["cells"][shape][side]["checks"].get("fallback_rate") is None  # reported, no target
+    assert "served as a fallback" in format_writer_table(report)
+
+
 def test_writer_table_shows_every_shape_figure_and_target():
     book = StandinBook()
     cfg = EvalConfig(writer_samples=12, writer_diversity=1, diversity_samples=4, book_reference=20)
