@@ -142,7 +142,9 @@ class PlayerScript:
                  Beat(0.0, "player", ("aria", "Aria", (0.0, 0.0), "friendly")),
                  Beat(self.half * 0.9, "context", (("time_of_day", "dusk"),)),
                  Beat(self.half, "context", (("time_of_day", "night"), ("weather", "fog"))),
-                 Beat(self.BANDIT_IN * self.half, "player", ("bandit", "a bandit", (self.length, 1.0), "hostile"))]
+                 # the name fills {player}: villagers call a bandit they don't know "stranger"
+                 # ("Halt, stranger!"), not "a bandit" ("Oh, it's only you, a bandit!")
+                 Beat(self.BANDIT_IN * self.half, "player", ("bandit", "stranger", (self.length, 1.0), "hostile"))]
         visits: dict[str, int] = {}
         for i, r in enumerate(people):
             wheel = WHEEL.get(r.archetype, ("greet",))
