@@ -295,19 +295,19 @@ def _add_decoding_arguments(parser: argparse.ArgumentParser, default: Any) -> No
 
 
 def _decoding(args: argparse.Namespace, cfg: EvalConfig, prefix: str = "") -> EvalConfig:
-    """``cfg`` with the --[PREFIX]temperature / --[PREFIX]top-p given (checked like the engine's)."""
+    """``cfg`` with the --[PREFIX]temperature / --[PREFIX]top-p given, else the unprefixed ones,
+    else ``cfg``'s (checked like the engine's)."""
     from dataclasses import replace
 
     from runtime.client.constraints import check_sampling
 
-    temperature = getattr(args, f"{prefix}temperature", None)
-    top_p = getattr(args, f"{prefix}top_p", None)
-    if prefix and temperature is None:
-        temperature = getattr(args, "temperature", None)
-    if prefix and top_p is None:
-        top_p = getattr(args, "top_p", None)
-    out = replace(cfg, temperature=cfg.temperature if temperature is None else temperature,
-                  top_p=cfg.top_p if top_p is None else top_p)
+    def given(name: str, default: float) -> float:
+        for value in (getattr(args, prefix + name, None), getattr(args, name, None)):
+            if value is not None:
+                return value
+        return default
+
+    out = replace(cfg, temperature=given("temperature", cfg.temperature), top_p=given("top_p", cfg.top_p))
     check_sampling(out.temperature, 0, out.top_p, 1)
     if out.temperature == 0:
         raise ValueError("--temperature must be > 0: the evaluation samples 50 lines a prompt")

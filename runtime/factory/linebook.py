@@ -36,6 +36,7 @@ import yaml
 from runtime.client.fallback import ANY_INTENT
 from runtime.factory.text_metrics import glitches
 from runtime.paths import DEFAULT_LINE_BOOK_DIR
+from runtime.tokenizer import check_request
 
 if TYPE_CHECKING:
     from runtime.client.constraints import Constraints
@@ -1403,22 +1404,14 @@ class LineBook:
         persona and context fixed: what the book itself says to one prompt asked again and
         again, the reference for the model's "distinct-2 within 50 seeds of one prompt". Stops
         after ``8 * n`` draws (fewer lines where the prompt's patterns run out)."""
-        for kind, value, known in (("archetype", archetype, self.archetypes), ("state", state, self.states),
-                                   ("intent", intent, self.intents)):
-            _check_known(kind, value, known)
-        ctx = dict(context)
-        for trait in persona:
-            _check_known("persona trait", trait, self.persona_traits)
-        for slot, value in ctx.items():
-            _check_known("context slot", slot, list(self.context))
-            _check_known(f"{slot} value", value, self.context[slot])
+        traits, ctx = check_request(self.catalog(), archetype, persona, state, intent, context)
         patterns = self._patterns_for(state, intent)
-        rng = random.Random(f"{self.seed}:{seed}:{archetype}:{state}:{intent}:{','.join(persona)}:{sorted(ctx.items())}")
+        rng = random.Random(f"{self.seed}:{seed}:{archetype}:{state}:{intent}:{','.join(traits)}:{sorted(ctx.items())}")
         out: list[str] = []
         for _ in range(8 * n):
             if len(out) >= n:
                 break
-            drawn = self._compose(patterns, archetype, state, intent, tuple(persona), ctx, rng)
+            drawn = self._compose(patterns, archetype, state, intent, tuple(traits), ctx, rng)
             if drawn is None:
                 break
             if drawn.problem is None and drawn.fits and drawn.text not in out:

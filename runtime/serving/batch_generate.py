@@ -21,7 +21,7 @@ import numpy as np
 
 from runtime.client.constraints import WordConstraint, WordState
 from runtime.client.onnx_model import FlashOnnx, decode_rows
-from runtime.client.sampling import DEFAULT_TEMPERATURE, sample_next
+from runtime.client.sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, sample_next
 
 
 def generate_ids_batch(
@@ -33,7 +33,7 @@ def generate_ids_batch(
     max_tokens: int = 48,
     temperature: float = DEFAULT_TEMPERATURE,
     top_k: int = 0,
-    top_p: float = 0.95,
+    top_p: float = DEFAULT_TOP_P,
     batch_size: int = 64,
     words: WordConstraint | None = None,
     banned: Sequence[int | None] | None = None,
