@@ -57,12 +57,18 @@ def generate_cases(model: FlashOnnx, settings: Mapping[str, Any] | None = None) 
     return cases
 
 
-TIE_TOLERANCE = 0.01
+TIE_TOLERANCE = 0.1
 """How close, in logits, the two tokens where a replayed line parts from its reference may be for
 that to count as a near tie rather than a mismatch: the ORT-format conversion and other
 onnxruntime builds round the last bits differently, so a greedy line flips where its two best
-tokens are this close (a fine-tune's sailor/alert line ended on eos at 0.7899 against " I" at
-0.7876); everywhere else the replay must agree token for token."""
+tokens are this close. How far apart the builds drift depends on the CPU's kernels: on an
+AVX2-only AMD EPYC (no AVX-512), onnxruntime 1.32 and 1.27 on the shipped model v3.2, over the
+80 reference lines' 1,306 positions, moved the margin between a position's two best tokens by
+0.0077 (median), 0.0415 (p99), 0.065 (max), and the farmer/patrol line parted at a margin of
+0.0047 under 1.32 and 0.0185 under 1.27 (session 10; the earlier 0.01 had been set on a machine
+with AVX-512, where a fine-tune's sailor/alert line parted at 0.0023). 0.1 sits above that
+drift; a model that is really different (other weights, a wrong operator) parts from its
+reference by whole logits, and at its first tokens."""
 
 
 def _near_tie(model: FlashOnnx, case: Mapping[str, Any], at: int, got: list[int], tolerance: float) -> bool:
