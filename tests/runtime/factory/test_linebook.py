@@ -136,13 +136,13 @@ def v4_book(tmp_path_factory: pytest.TempPathFactory) -> LineBook:
     return load_line_book(book_with_compose(tmp_path_factory.mktemp("book_v4") / "book"))
 
 
-def test_the_default_book_draws_no_whole_reply_and_its_v4_copy_does(
+def test_the_default_book_draws_trait_replies_but_no_own_reply_and_its_v4_copy_draws_both(
         book: LineBook, examples: list[Example], v4_book: LineBook, tmp_path: Path) -> None:
     from runtime.factory.linebook import book_with_compose
 
-    whole = {"own_reply", "trait_reply"}
-    assert not any(p.refs & whole for p in book._patterns)  # the shipped model's patterns
-    assert set().union(*(p.refs for p in v4_book._patterns)) >= whole
+    drawn = set().union(*(p.refs for p in book._patterns))  # book v3.3, the shipped model's patterns
+    assert "trait_reply" in drawn and "own_reply" not in drawn
+    assert set().union(*(p.refs for p in v4_book._patterns)) >= {"own_reply", "trait_reply"}
     assert len(v4_book.examples()) == len(examples) == 112_000
     with pytest.raises(LineBookError, match=r"no 05_compose\.yaml"):
         book_with_compose(tmp_path / "b", path=tmp_path)
