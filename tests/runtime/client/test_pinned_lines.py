@@ -3,7 +3,8 @@
 ``data/pinned_lines.json`` was written by this module (``python -m
 tests.runtime.client.test_pinned_lines --write``) at 52ea119, before any of the constraint
 speed-ups, and written again when the shipped constraints gained the book's word bigrams (a
-change of what lines may say, not an optimisation): for 320 (request, seed) pairs on the shipped model — the bench's village requests
+change of what lines may say, not an optimisation), and again for each shipped model since (model
+v3.3 and its book's constraints, session 10): for 320 (request, seed) pairs on the shipped model — the bench's village requests
 with 24 tokens forced (the redraw path) and requests of every prompt shape with the default
 budget, greedy and sampled — the line's text, tokens, attempts and finish reason, and a digest
 of every logits row after ``mask_logits`` (the masks and the voice bonus, bit for bit). An
@@ -98,4 +99,4 @@ def test_the_pinned_lines_exercise_redraws_fallbacks_and_every_budget(pinned: li
 if __name__ == "__main__":
     if sys.argv[1:] != ["--write"]:
         raise SystemExit("usage: python -m tests.runtime.client.test_pinned_lines --write")
-    FIXTURE.write_text(json.dumps({"commit": "52ea119 + bigrams + trigrams", "lines": generate_pinned(LineGenerator.load())}) + "\n")
+    FIXTURE.write_text(json.dumps({"commit": "52ea119 + bigrams + trigrams; model v3.3 (6175c49)", "lines": generate_pinned(LineGenerator.load())}) + "\n")
