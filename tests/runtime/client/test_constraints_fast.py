@@ -14,6 +14,7 @@ from runtime.client.bigrams import ANY, PIECE, BigramMask
 from runtime.client.constraints import (
     _APOSTROPHE,
     _BOUNDARY,
+    _DOT2,
     _LETTERS,
     WordConstraint,
     WordState,
@@ -130,12 +131,13 @@ def test_masked_row_masks_adds_the_bonus_and_vetoes_as_the_separate_steps_do(wc,
     rng = np.random.default_rng(17 + peaked)
     ban = wc.banned_bits("guard", ["gruff"], {"time_of_day": "night"})
     state = WordState()
-    vetoes = 0
+    vetoes = expected = 0
     for k in range(40):
         raw = rng.normal(0.0, 2.0, wc.vocab_size).astype(np.float32)
         blocked = np.flatnonzero(wc.blocked(state, banned=ban))
-        if peaked:  # the model's favourite is a blocked token, far ahead: a veto
+        if peaked:  # the model's favourite is a blocked token, far ahead: a veto (not mid-ellipsis)
             raw[int(blocked[k % len(blocked)])] = 40.0
+            expected += state.shape != _DOT2
         row, veto = wc.masked_row(raw, state, banned=ban)
         want = raw.copy()
         wc.mask_logits(want, state, banned=ban)
@@ -147,7 +149,7 @@ def test_masked_row_masks_adds_the_bonus_and_vetoes_as_the_separate_steps_do(wc,
             state = WordState()  # (a dead end, or a new line now and then)
             continue
         state = wc.step(state, int(allowed[np.argmax(row[allowed])]))
-    assert vetoes == (40 if peaked else 0)
+    assert vetoes == expected and (expected >= 35 if peaked else expected == 0)
 
 
 def test_a_word_mask_shared_by_words_before_with_the_same_successors_below_is_the_reference_for_each(wc, bg):
