@@ -170,6 +170,22 @@ def test_a_trait_reply_is_drawn_only_for_a_prompt_carrying_its_trait(v4_book: Li
     assert set(drawn) == set(book.persona_traits) and min(drawn.values()) > 500, drawn
 
 
+@pytest.mark.parametrize(("fragment", "intents"), [
+    ("My scales never lie.", {"trade"}),
+    ("The gate closes for no rogue.", {"threaten"}),
+    ("The sea calls, always.", {"farewell"}),
+    ("I never lift a finger for free.", {"trade"}),
+    ("Show me the silver first.", {"trade"}),
+])
+def test_a_motto_or_a_greedy_aside_closes_only_the_moves_it_fits(examples: list[Example], fragment: str,
+                                                                   intents: set[str]) -> None:
+    """Book v3.4: an archetype's motto signs off the intents it answers (a merchant's "My scales
+    never lie." after a price, not after directions), and greedy's asking for coin stays with trade
+    (not before directions the NPC then gives for free)."""
+    said = Counter(e.intent for e in examples if fragment in e.text)
+    assert said and set(said) <= intents, said
+
+
 def test_archetype_voice_reaches_every_state(examples: list[Example]) -> None:
     sailor_states = {e.state for e in examples if e.archetype == "sailor" and "matey" in e.text}
     assert len(sailor_states) == 8
