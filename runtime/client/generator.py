@@ -81,12 +81,15 @@ from runtime.client.fallback import FallbackBook
 from runtime.client.metrics import EngineMetrics
 from runtime.client.onnx_model import DEFAULT_MODEL_DIR, FlashOnnx, decode_rows
 from runtime.client.prefix_cache import PrefixCache
+from runtime.client.repeats import repeated_sentence
 from runtime.client.sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, sample_next
 from runtime.client.signature import PublicKey
 from runtime.client.trigrams import TrigramReader, TrigramTable, tokens_through
 from runtime.tokenizer import check_request
 
 log = logging.getLogger("flashnpc.runtime")
+
+_SENTENCE_ENDS = (".", "!", "?", "\u2026")  # a line that may have just ended a sentence (_repeat_stop)
 
 KV = list[np.ndarray]
 
@@ -1070,7 +1073,7 @@ class LineGenerator:
             r.scored.append(row_logits)
             if pool is None:
                 advance(r)
-            if self.trigrams is not None and self._trigram_stop(r, final=False):
+            if (self.trigrams is not None and self._trigram_stop(r, final=False)) or self._repeat_stop(r):
                 if pool is not None:
                     advance(r)
                 return None, False
@@ -1113,6 +1116,22 @@ class LineGenerator:
         _tri, cut, end = hit
         r.finish, r.cut = "blocked", cut
         r.redraw_at = tokens_through(self.tokenizer, r.tokens, end)
+        return True
+
+    def _repeat_stop(self, r: _Row) -> bool:
+        """Stop ``r`` as ``blocked`` if the sentence its last token ended says an earlier one of
+        it again (:func:`runtime.client.repeats.repeated_sentence`): drawn again from the
+        sentence before the repeat, the line cut there if every draw repeats."""
+        text = self._text(r)
+        if not text.endswith(_SENTENCE_ENDS):
+            return False
+        hit = repeated_sentence(text)
+        if hit is None:
+            return False
+        start, _end = hit
+        r.finish, r.cut = "blocked", start
+        # through the repeat's first token, so the restart point is the sentence end before it
+        r.redraw_at = tokens_through(self.tokenizer, r.tokens, start + 1)
         return True
 
     def _text(self, r: _Row) -> str:

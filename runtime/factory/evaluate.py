@@ -40,6 +40,7 @@ from runtime.client.constraints import (
     settled_text,
 )
 from runtime.client.onnx_model import FlashOnnx
+from runtime.client.repeats import repeated_sentence
 from runtime.client.sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_P
 from runtime.client.trigrams import tokens_through
 from runtime.factory.linebook import Example, LineBook, load_line_book
@@ -101,7 +102,8 @@ class Sampler:
     engine loads it; ``{}`` for none. Where the model directory's ``constraints.json`` ships word
     bigrams, the book's (:func:`runtime.factory.export.book_bigrams`) mask every step too. Where
     it ships word trigrams (:mod:`runtime.client.trigrams`), a finished line holding one the
-    table lacks is drawn again from the sentence before it, as the engine does.
+    table lacks is drawn again from the sentence before it, as the engine does; so is a line that
+    says a sentence twice (:mod:`runtime.client.repeats`).
     """
 
     def __init__(self, model: FlashOnnx, cfg: EvalConfig, book: LineBook,
@@ -143,14 +145,19 @@ class Sampler:
             out.append(state)
         return out
 
-    def _trigram_stop(self, ids: Sequence[int]) -> int | None:
-        """With :attr:`trigrams`: where a finished line with a trigram the table lacks stops (the
-        tokens through the one that completes it, as the engine counts them), else None."""
-        if self.trigrams is None:
-            return None
+    def _line_stop(self, ids: Sequence[int]) -> int | None:
+        """Where a finished line the engine would draw again stops (the tokens through the one
+        that completes what it refuses, as the engine counts them), else None: a trigram the
+        table lacks (with :attr:`trigrams`) or a sentence said twice
+        (:func:`runtime.client.repeats.repeated_sentence`), whichever comes first."""
         tok = self.model.tokenizer
-        hit = self.trigrams.first_unseen(tok.decode(ids))
-        return None if hit is None else tokens_through(tok, ids, hit[2])
+        text = tok.decode(ids)
+        ends = []
+        if self.trigrams is not None and (hit := self.trigrams.first_unseen(text)) is not None:
+            ends.append(tokens_through(tok, ids, hit[2]))
+        if (twice := repeated_sentence(text)) is not None:
+            ends.append(tokens_through(tok, ids, twice[0] + 1))
+        return min(ends, default=None)
 
     def sample(self, requests: Sequence[Request], seed: int) -> list[str]:
         tok = self.model.tokenizer
@@ -184,8 +191,9 @@ class Sampler:
                     got[j], stopped[j] = ids[todo[j]][:kept] + x, flag
             for k, x in zip(todo, got):
                 ids[k] = x
-            # a line holding a trigram the book never says is drawn again from the sentence before it
-            upto = {k: self._trigram_stop(ids[k]) for k, flag in zip(todo, stopped) if not flag}
+            # a line holding a trigram the book never says, or a sentence twice, is drawn again
+            # from the sentence before it
+            upto = {k: self._line_stop(ids[k]) for k, flag in zip(todo, stopped) if not flag}
             todo = [k for k, flag in zip(todo, stopped) if flag or upto[k] is not None]
             for k in todo:
                 keep[k] = restart_point(self.states(ids[k][:upto.get(k) or len(ids[k])]), fresh=True)

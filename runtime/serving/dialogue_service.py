@@ -82,6 +82,7 @@ from runtime.client.constraints import (
 from runtime.client.fallback import FallbackBook
 from runtime.client.generator import active_params_percent
 from runtime.client.metrics import EngineMetrics
+from runtime.client.repeats import repeated_sentence
 from runtime.client.sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_P
 from runtime.client.trigrams import TrigramTable
 from runtime.serving.batched_engine import BatchedEngine, GenRequest, GenResult, Handle
@@ -775,7 +776,9 @@ class DialogueService(StartClose):
                 continue
             guessing = (self.min_mean_logprob is not None and res.mean_logprob is not None
                         and res.mean_logprob < self.min_mean_logprob)
-            stitched = self.trigrams is not None and self.trigrams.first_unseen(raw) is not None
+            # a word trigram the book never says, or a sentence said twice (runtime.client.repeats)
+            stitched = ((self.trigrams is not None and self.trigrams.first_unseen(raw) is not None)
+                        or repeated_sentence(raw) is not None)
             why = "unusable" if usable(raw) is not None or guessing or res.finish == "blocked" or stitched else None
             if why is None and self.memory.said_recently(p.session.npc_id, raw):
                 why = "repeat"
