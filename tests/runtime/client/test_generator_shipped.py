@@ -40,8 +40,9 @@ def test_the_shipped_model_gives_model_lines_within_the_rules(gen):
 
 def test_the_shipped_model_is_reproducible_and_streams_the_same_text(gen):
     # a sample drawn again after a veto can't be redrawn once streamed: compare first samples
+    # (model v3.4 draws 8 of the first 12 seeds' lines twice or more: 32 seeds)
     compared = 0
-    for seed in range(40, 52):
+    for seed in range(40, 72):
         a = gen.generate("innkeeper", "friendly", seed=seed, npc_id=("a", seed))
         stream = gen.generate_stream("innkeeper", "friendly", seed=seed, npc_id=("b", seed))
         pieces = "".join(stream)

@@ -4,7 +4,8 @@
 tests.runtime.client.test_pinned_lines --write``) at 52ea119, before any of the constraint
 speed-ups, and written again when the shipped constraints gained the book's word bigrams (a
 change of what lines may say, not an optimisation), and again for each shipped model since (model
-v3.3 and its book's constraints, session 10): for 320 (request, seed) pairs on the shipped model — the bench's village requests
+v3.3 and its book's constraints, session 10; model v3.4, its book's constraints and the
+repeated-sentence rule, session 12): for 320 (request, seed) pairs on the shipped model — the bench's village requests
 with 24 tokens forced (the redraw path) and requests of every prompt shape with the default
 budget, greedy and sampled — the line's text, tokens, attempts and finish reason, and a digest
 of every logits row after ``mask_logits`` (the masks and the voice bonus, bit for bit). An

@@ -282,11 +282,12 @@ def test_an_archetype_never_gets_another_archetypes_signature(gen, signatures):
 
 def test_without_the_signatures_the_same_model_does_voice_other_tags(signatures):
     """The check above can fail: with the vocabulary only, other archetypes' voices come up
-    (5 of 90 lines of the v4 model, which hears the archetype better than v3 did)."""
+    (5 of 90 lines of the v4 model, which hears the archetype better than v3 did; 6 of 200 of
+    model v3.4, which hears it better still: 300 lines)."""
     plain = LineGenerator.load(max_resamples=0)
     plain.mask = WordConstraint(CONS.banned_words, plain.tokenizer, vocabulary=CONS.vocabulary)
     bad = 0
-    for r in village(plain.catalog(), 90, seed=5):
+    for r in village(plain.catalog(), 300, seed=5):
         line = plain.generate_request(r)
         bad += bool({h for h in signatures.hits(line.raw_text) if h.startswith("archetype:")} - {f"archetype:{r.npc}"})
     assert bad >= 3
