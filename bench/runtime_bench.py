@@ -1,6 +1,6 @@
 """The local line engine, peers side by side in one run, on one intra-op thread.
 
-    python bench/runtime_bench.py [--model DIR] [--checkpoint DIR] [--reps 5] [--lines 60] [--tokens 24]
+    python bench/runtime_bench.py [--model DIR] [--checkpoint DIR] [--versus DIR] [--reps 5] [--lines 60] [--tokens 24]
 
 Every line decodes exactly ``--tokens`` new tokens (``min_tokens = max_tokens``) for a request
 drawn from a seeded village (24 NPCs with fixed archetype and persona; random state, intent and
@@ -25,6 +25,10 @@ Peers (all LineGenerator, same weights):
   fp32             model.onnx (fp32, sparse gather), cache on
   int4 dense       every expert computed for every token, then gated (built from --checkpoint)
   int4 no-cache    the shipped graph with the prefix KV cache off
+  versus / versus no word cons.  with ``--versus DIR``: another exported model (e.g. the one shipped
+                   before), with its own word constraints / with the static banned words only, the
+                   same requests in the same rounds: a new model's 24-token line against the old
+                   one's in one run (issue #12's speed target)
 
 ``--pipeline`` runs only the engine's pipelined decode loop against its serial one
 (``LineGenerator(pipelined=...)``: the next position's masks made on a mask thread while the
@@ -332,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lines", type=int, default=60, help="lines per peer per repetition")
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    ap.add_argument("--versus", type=Path, default=None,
+                    help="another exported model directory, timed beside --model in the same rounds")
     ap.add_argument("--accept-gibberish", action="store_true",
                     help="keep lines of a guessing (untrained) model instead of falling back (dev runs)")
     ap.add_argument("--fresh", type=int, default=3, help="fresh processes for load time and memory (median)")
@@ -377,6 +383,10 @@ def main(argv: list[str] | None = None) -> int:
             print("(no checkpoint found: pass --checkpoint for the dense-all-experts peer, and for fp32 "
                   "when the model directory has no model.onnx)")
         peers.append(Peer("int4 no-cache", LineGenerator.load(args.model, use_prefix_cache=False, **opts)))
+        if args.versus is not None:
+            peers.append(Peer("versus", LineGenerator.load(args.versus, **opts)))
+            peers.append(Peer("versus no word cons.", banned_words_only(LineGenerator.load(args.versus, **opts,
+                                                                                           trigrams=None))))
 
         npcs = village(base)
         states = base.catalog()["states"]
@@ -477,6 +487,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fresh process (median of {len(runs)}): import+load+warm-up {fresh['import_load_ms']:.0f} ms (load() itself "
           f"{fresh['load_ms']:.0f} ms), first line {fresh['first_line_ms']:.1f} ms, "
           f"RSS {fresh['rss_mb']:.0f} MB (peak {fresh['hwm_mb']:.0f} MB)")
+    versus: dict[str, float] = {}
+    if args.versus is not None:
+        other, other_plain = (next(p for p in peers if p.name == n) for n in ("versus", "versus no word cons."))
+        versus = {"versus_ratio": med(ref.p50) / med(other.p50),
+                  "versus_no_word_cons_ratio": med(plain_peer.p50) / med(other_plain.p50)}
+        print(f"versus {args.versus}: p50 {med(ref.p50):.2f} ms ({args.model}) vs {med(other.p50):.2f} ms "
+              f"({versus['versus_ratio']:.3f}x) with their word constraints; {med(plain_peer.p50):.2f} vs "
+              f"{med(other_plain.p50):.2f} ms ({versus['versus_no_word_cons_ratio']:.3f}x) with the static banned "
+              f"words only; fallbacks {ref.fallbacks} vs {other.fallbacks}")
     if args.json:
         args.json.write_text(json.dumps({
             "peers": {p.name: {"p50_ms": med(p.p50), "p99_ms": med(p.p99), "ttft_p50_ms": med(p.ttft),
@@ -489,7 +508,8 @@ def main(argv: list[str] | None = None) -> int:
             "voice_bonus_ratio": med(ref.p50) / med(mute_peer.p50),
             "bigrams_ratio": bigram_ratio,
             "prefix_share": share, "batch16_ms": many, "single16_ms": one,
-            "iobinding_ms": bound_ms, "iobinding_prealloc_ms": prealloc_ms, "plain_ms": plain_ms, **fresh},
+            "iobinding_ms": bound_ms, "iobinding_prealloc_ms": prealloc_ms, "plain_ms": plain_ms, **fresh,
+            **versus},
             indent=2))
     return 0
 
