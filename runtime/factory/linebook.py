@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import yaml
 
 from runtime.client.fallback import ANY_INTENT
-from runtime.factory.text_metrics import glitches
+from runtime.factory.text_metrics import SignatureIndex, glitches
 from runtime.paths import DEFAULT_LINE_BOOK_DIR
 from runtime.tokenizer import check_request
 
@@ -460,6 +460,7 @@ class LineBook:
         self._fit_cache: dict[tuple[int, str, str, str | None], list[_Source]] = {}
         self._examples: list[Example] | None = None
         self._signatures: dict[str, list[str]] | None = None
+        self._signature_hits: SignatureIndex | None = None  # lines_for's index of the signatures
         self._markers: tuple[int, dict[str, list[str]]] | None = None
         self._vocabulary: list[str] | None = None
 
@@ -1403,8 +1404,14 @@ class LineBook:
         draws a condition's lines (weighted patterns, no artifact, no line twice) but with the
         persona and context fixed: what the book itself says to one prompt asked again and
         again, the reference for the model's "distinct-2 within 50 seeds of one prompt". Stops
-        after ``8 * n`` draws (fewer lines where the prompt's patterns run out)."""
+        after ``8 * n`` draws (fewer lines where the prompt's patterns run out). A composed line
+        that says a signature of a tag the prompt does not ask for (:meth:`signatures`, which
+        the engine bans) is left out: joined fragments can make one across a sentence end
+        ("I can! Put that away", a farmer's "can put")."""
         traits, ctx = check_request(self.catalog(), archetype, persona, state, intent, context)
+        asked = {f"archetype:{archetype}", *(f"persona:{t}" for t in traits),
+                 *(f"context:{slot}={value}" for slot, value in ctx.items())}
+        voices = self._signature_index()
         patterns = self._patterns_for(state, intent)
         rng = random.Random(f"{self.seed}:{seed}:{archetype}:{state}:{intent}:{','.join(traits)}:{sorted(ctx.items())}")
         out: list[str] = []
@@ -1414,9 +1421,16 @@ class LineBook:
             drawn = self._compose(patterns, archetype, state, intent, tuple(traits), ctx, rng)
             if drawn is None:
                 break
-            if drawn.problem is None and drawn.fits and drawn.text not in out:
+            if (drawn.problem is None and drawn.fits and drawn.text not in out
+                    and voices.hits(drawn.text) <= asked):
                 out.append(drawn.text)
         return out
+
+    def _signature_index(self) -> SignatureIndex:
+        """A :class:`SignatureIndex` of :meth:`signatures`, made once."""
+        if self._signature_hits is None:
+            self._signature_hits = SignatureIndex(self.signatures())
+        return self._signature_hits
 
     def _draw_persona(self, rng: random.Random) -> tuple[str, ...]:
         """0, 1 or 2 compatible traits (a quarter of prompts carry none)."""
