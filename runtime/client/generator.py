@@ -81,15 +81,13 @@ from runtime.client.fallback import FallbackBook
 from runtime.client.metrics import EngineMetrics
 from runtime.client.onnx_model import DEFAULT_MODEL_DIR, FlashOnnx, decode_rows
 from runtime.client.prefix_cache import PrefixCache
-from runtime.client.repeats import repeated_sentence
+from runtime.client.repeats import ENDS_A_SENTENCE, repeated_sentence
 from runtime.client.sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, sample_next
 from runtime.client.signature import PublicKey
 from runtime.client.trigrams import TrigramReader, TrigramTable, tokens_through
 from runtime.tokenizer import check_request
 
 log = logging.getLogger("flashnpc.runtime")
-
-_SENTENCE_ENDS = (".", "!", "?", "\u2026")  # a line that may have just ended a sentence (_repeat_stop)
 
 KV = list[np.ndarray]
 
@@ -1114,8 +1112,7 @@ class LineGenerator:
         if hit is None:
             return False
         _tri, cut, end = hit
-        r.finish, r.cut = "blocked", cut
-        r.redraw_at = tokens_through(self.tokenizer, r.tokens, end)
+        self._block(r, cut, end)
         return True
 
     def _repeat_stop(self, r: _Row) -> bool:
@@ -1123,16 +1120,20 @@ class LineGenerator:
         it again (:func:`runtime.client.repeats.repeated_sentence`): drawn again from the
         sentence before the repeat, the line cut there if every draw repeats."""
         text = self._text(r)
-        if not text.endswith(_SENTENCE_ENDS):
+        if not text.endswith(ENDS_A_SENTENCE):
             return False
         hit = repeated_sentence(text)
         if hit is None:
             return False
-        start, _end = hit
-        r.finish, r.cut = "blocked", start
         # through the repeat's first token, so the restart point is the sentence end before it
-        r.redraw_at = tokens_through(self.tokenizer, r.tokens, start + 1)
+        self._block(r, hit[0], hit[0] + 1)
         return True
+
+    def _block(self, r: _Row, cut: int, end: int) -> None:
+        """Stop ``r`` as ``blocked``: the line is ``text[:cut]`` if it ends here, and another
+        sample goes on from the last sentence end in the tokens that reach offset ``end``."""
+        r.finish, r.cut = "blocked", cut
+        r.redraw_at = tokens_through(self.tokenizer, r.tokens, end)
 
     def _text(self, r: _Row) -> str:
         """``r``'s decoded text, decoding only the tokens added since the last call (all of them
