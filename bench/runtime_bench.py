@@ -9,7 +9,7 @@ lines each per repetition, so the machine's noise hits them alike; figures are t
 ``--reps`` repetitions of each block's p50 / p99 (of a line's latency, and for the word constraints
 also of the thread CPU time a line takes, which other processes on a busy machine do not inflate).
 
-Peers (all LineGenerator, same weights):
+Peers (all LineGenerator, the same weights but the versus pair):
   int4 sparse      the shipped graph (model.int4.onnx, QMoE: only the routed expert runs), cache on,
                    with the model's word constraints (vocabulary and signatures when it ships them)
   no text rules    the same, with the word constraints but without their text rules (punctuation,
