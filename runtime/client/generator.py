@@ -1064,8 +1064,8 @@ class LineGenerator:
                 return None, False
             if tok is None or tok == eos:
                 r.finish = "eos"
-                if self.trigrams is not None:
-                    self._trigram_stop(r, final=True)
+                if not (self.trigrams is not None and self._trigram_stop(r, final=True)):
+                    self._repeat_stop(r, final=True)
                 return None, False
             r.tokens.append(tok)
             r.scored.append(row_logits)
@@ -1115,12 +1115,13 @@ class LineGenerator:
         self._block(r, cut, end)
         return True
 
-    def _repeat_stop(self, r: _Row) -> bool:
-        """Stop ``r`` as ``blocked`` if the sentence its last token ended says an earlier one of
-        it again (:func:`runtime.client.repeats.repeated_sentence`): drawn again from the
-        sentence before the repeat, the line cut there if every draw repeats."""
+    def _repeat_stop(self, r: _Row, *, final: bool = False) -> bool:
+        """Stop ``r`` as ``blocked`` if the sentence its last token ended (``final``: any
+        sentence of the finished line, as the evaluation reads it) says an earlier one of it
+        again (:func:`runtime.client.repeats.repeated_sentence`): drawn again from the sentence
+        before the repeat, the line cut there if every draw repeats."""
         text = self._text(r)
-        if not text.endswith(ENDS_A_SENTENCE):
+        if not final and not text.endswith(ENDS_A_SENTENCE):
             return False
         hit = repeated_sentence(text)
         if hit is None:
