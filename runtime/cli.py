@@ -251,7 +251,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     _add_decoding_arguments(parser, None)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    sub = parser.add_subparsers(dest="eval_command", metavar="{blind,unblind}")
+    sub = parser.add_subparsers(dest="eval_command", metavar="{blind,unblind,studio,unblind-studio}")
     # the subcommands share --model, --line-book, --seed, --json with plain `flashnpc eval`;
     # SUPPRESS keeps a value given before the subcommand's name
     blind = sub.add_parser("blind", help="write model and book lines, shuffled, for blind rating",
@@ -281,6 +281,34 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     unblind.add_argument("file", type=Path, help="the rated CSV")
     unblind.add_argument("--key", type=Path, default=None, help="the key (default: FILE.key.json)")
     unblind.add_argument("--json", type=Path, default=argparse.SUPPRESS, help="also write the summary here")
+    studio = sub.add_parser(
+        "studio", help="a studio's world: hold out cells, fine-tune, blind sheet against playback",
+        description="Hold out a seeded share of a studio line file's (archetype, state, intent) cells, "
+                    "fine-tune on the rest, and report, for covered and held-out cells, the share of "
+                    "lines played back, generated and fallen back, wrong-move fallbacks, and a blind "
+                    "sheet (FlashNPC as served, the model alone, the rule pick, the writers' line). "
+                    "Unblind it with: flashnpc eval unblind-studio OUT/sheet.csv")
+    studio.add_argument("--lines", type=Path, required=True, help="the studio's line file (CSV or JSONL)")
+    studio.add_argument("--out", type=Path, required=True, help="folder for train.jsonl, model/, sheet, report")
+    studio.add_argument("--base", type=Path, default=None, help="base model directory (default: shipped)")
+    studio.add_argument("--model", type=Path, default=argparse.SUPPRESS,
+                        help="a fine-tune of OUT/train.jsonl to reuse instead of fine-tuning again")
+    studio.add_argument("--holdout", type=float, default=0.15, help="share of cells held out (default 0.15)")
+    studio.add_argument("--covered", type=int, default=40, help="covered cells to sample (default 40)")
+    studio.add_argument("--seed", type=int, default=argparse.SUPPRESS)
+    studio.add_argument("--epochs", type=float, default=None, help="fine-tune epochs (default: finetune's)")
+    studio.add_argument("--steps", type=int, default=None, help="fine-tune steps (overrides --epochs)")
+    studio.add_argument("--threads", type=int, default=None, help="torch threads for the fine-tune")
+    studio.add_argument("--json", type=Path, default=argparse.SUPPRESS, help="also write the report here")
+    studio.add_argument("--no-progress", action="store_true", default=argparse.SUPPRESS,
+                        help="no progress bar on stderr")
+    ustudio = sub.add_parser("unblind-studio", help="summarise a rated studio sheet against its key",
+                             description="Read a rated OUT/sheet.csv and OUT/sheet.key.json of flashnpc eval "
+                                         "studio; print per side and source the rating shares and best-of "
+                                         "counts, and FlashNPC against the rule pick request by request.")
+    ustudio.add_argument("file", type=Path, help="the rated sheet")
+    ustudio.add_argument("--key", type=Path, default=None, help="the key (default: SHEET.key.json)")
+    ustudio.add_argument("--json", type=Path, default=argparse.SUPPRESS, help="also write the summary here")
 
 
 def _add_decoding_arguments(parser: argparse.ArgumentParser, default: Any) -> None:
@@ -320,6 +348,10 @@ def run_eval(args: argparse.Namespace) -> int:
         return _blind(args)
     if command == "unblind":
         return _unblind(args)
+    if command == "studio":
+        return _studio(args)
+    if command == "unblind-studio":
+        return _unblind_studio(args)
     if args.json is None:
         print("flashnpc eval: error: --json OUT is required (or: flashnpc eval blind | unblind)", file=sys.stderr)
         return 2
@@ -412,6 +444,59 @@ def _unblind(args: argparse.Namespace) -> int:
     print(format_summary(summary))
     if getattr(args, "json", None) is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(summary, indent=2))
+    return 0
+
+
+def _studio(args: argparse.Namespace) -> int:
+    from runtime.factory.finetune import FinetuneConfig, FinetuneError
+    from runtime.factory.studio_eval import run_studio_eval
+
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    try:
+        cfg = FinetuneConfig(seed=args.seed, **({"epochs": args.epochs} if args.epochs is not None else {}),
+                             steps=args.steps)
+        report = run_studio_eval(args.lines, args.out, base=args.base, model=getattr(args, "model", None),
+                                 share=args.holdout, n_covered=args.covered, seed=args.seed, cfg=cfg,
+                                 progress=not args.no_progress)
+    except FinetuneError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        print(f"flashnpc eval studio: error: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        print(f"flashnpc eval studio: error: {exc}", file=sys.stderr)
+        return 2
+    for who in ("served", "model_alone"):
+        for side, f in report[who].items():
+            print(f"{who:11s} {side:9s} {f['requests']:3d} requests: authored {f['authored_pct']}%, "
+                  f"generated {f['generated_pct']}%, fallback {f['fallback_pct']}% "
+                  f"(new archetypes {f['new_archetype_fallback_pct']}%), wrong-move fallbacks "
+                  f"{f['wrong_move_fallbacks']}")
+    print(f"blind sheet -> {report['sheet']} (key beside it; keep it from the raters); "
+          f"then: flashnpc eval unblind-studio {report['sheet']}")
+    if getattr(args, "json", None) is not None:
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+def _unblind_studio(args: argparse.Namespace) -> int:
+    from runtime.factory.blind import RatingsError
+    from runtime.factory.studio_eval import format_summary, read_sheet, summarise_sheet
+
+    try:
+        rows = read_sheet(args.file, args.key)
+    except RatingsError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        print(f"flashnpc eval unblind-studio: {len(exc.problems)} problem(s); nothing summarised", file=sys.stderr)
+        return 1
+    summary = summarise_sheet(rows)
+    print(format_summary(summary))
+    if getattr(args, "json", None) is not None:
         args.json.write_text(json.dumps(summary, indent=2))
     return 0
 

@@ -6,16 +6,22 @@ The lines come from the line book (``fallbacks:`` section, expanded per archetyp
 of the catalog's intents (the player's move) or :data:`ANY_INTENT` for lines that answer any
 move.
 
-**Which cell answers** (:meth:`FallbackBook.candidates`), first non-empty of:
+**Which cell answers** (:meth:`FallbackBook.candidates`), first non-empty of, in order of
+specificity as Valve's response rules pick:
 
 1. (archetype, state, intent): lines written for that move, so a farewell gets a farewell and a
    rumour question a "no news" answer;
-2. (archetype, state, ``any``): the state's intent-neutral lines (also what an old-format file
+2. (archetype, near state, intent) for each of :data:`NEAR_STATES` ``[state]`` in order: the
+   archetype's lines for the same move in a state of the same temper (an alert guard greeted
+   answers as a patrolling one would, never as a resting one), for a studio that did not write
+   the cell (a fine-tune writes only the cells its writers covered);
+3. (archetype, state, ``any``): the state's intent-neutral lines (also what an old-format file
    holds, and what a caller that does not say the intent gets);
-3. :data:`GENERIC` ("...", "Hm."), which fit any archetype, state, move and context.
+4. :data:`GENERIC` ("...", "Hm."), which fit any archetype, state, move and context.
 
-There is no step to another state's lines or another archetype's: a fallback never says a thing
-the NPC's state or voice contradicts. The line book resolves its own layers into these cells
+A line written for another move is never served while one for the move exists within the
+state's temper; there is no step to another archetype's lines, nor to a state of the other
+temper (a fighting NPC does not answer with its friendly lines). The line book resolves its own layers into these cells
 before export (an archetype's own lines for the move, then the state's lines for the move in the
 archetype's voice, then the archetype's own intent-neutral lines, then the state's;
 docs/linebook.md, "fallbacks"), so a shipped file has a cell for every (archetype, state,
@@ -63,6 +69,20 @@ FORMAT_VERSION = 3
 ``{archetype: {state: [lines]}}``), 2 and 3 read."""
 
 _READS = (2, 3)
+
+NEAR_STATES: dict[str, tuple[str, ...]] = {
+    "alert": ("patrol", "combat", "working"),
+    "combat": ("alert", "flee"),
+    "flee": ("combat", "alert"),
+    "friendly": ("idle", "rest", "working"),
+    "idle": ("friendly", "rest", "working", "patrol"),
+    "patrol": ("alert", "working", "idle"),
+    "rest": ("idle", "friendly"),
+    "working": ("idle", "friendly", "patrol"),
+}
+"""For each behaviour state, the states of the same temper whose lines for a move may answer it
+when the state's own cell for the move is empty, nearest first. A state not listed (a game's
+own) has no near states."""
 
 Cell = tuple[str, str, str]
 
@@ -163,12 +183,14 @@ class FallbackBook:
 
     def candidates(self, archetype: str, state: str, intent: str | None = None) -> tuple[str, ...]:
         """The lines that answer ``intent`` (None: unknown) from ``archetype`` in ``state``: the
-        first non-empty of the (archetype, state, intent) cell, the (archetype, state, any) cell
-        and :data:`GENERIC`."""
+        first non-empty of the (archetype, state, intent) cell, the (archetype, near state,
+        intent) cells (:data:`NEAR_STATES`), the (archetype, state, any) cell and
+        :data:`GENERIC`."""
         if intent is not None:
-            own = self.lines.get((archetype, state, intent))
-            if own:
-                return own
+            for near in (state, *NEAR_STATES.get(state, ())):
+                own = self.lines.get((archetype, near, intent))
+                if own:
+                    return own
         return self.lines.get((archetype, state, ANY_INTENT)) or GENERIC
 
     def pick(self, archetype: str, state: str, npc_key: object, rng: np.random.Generator,
@@ -213,4 +235,4 @@ def _read_v1(doc: dict[str, Any], source: str) -> dict[Cell, list[str]]:
     return lines
 
 
-__all__ = ["ANY_INTENT", "FORMAT_VERSION", "GENERIC", "FallbackBook"]
+__all__ = ["ANY_INTENT", "FORMAT_VERSION", "GENERIC", "NEAR_STATES", "FallbackBook"]

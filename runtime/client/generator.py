@@ -57,6 +57,7 @@ from typing import Any
 
 import numpy as np
 
+from runtime.client.authored import AuthoredBook
 from runtime.client.bigrams import BigramTable
 from runtime.client.constraints import (
     Constraints,
@@ -108,7 +109,9 @@ class Line:
     ``model_error``, ``unusable``, ``repeat``, ``model_unavailable``, ``cancelled`` by
     :meth:`LineGenerator.close`);
     ``finish_reason``: ``eos``, ``length``, ``stop``, ``deadline``, ``error``, ``fallback``,
-    ``blocked`` (the word constraints left no token: the line ends at its last complete word);
+    ``blocked`` (the word constraints left no token: the line ends at its last complete word),
+    ``authored`` (a line the studio's writers wrote for the request's cell, played back:
+    :mod:`runtime.client.authored`; no tokens decoded, ``fallback`` False);
     ``active_params_pct``: share of the model's parameters a decoded token touches;
     ``router_confidence``: mean top-1 router probability over the decoded tokens' MoE layers;
     ``seed``: the seed used (pass it back to reproduce the line); ``attempts``: samples drawn;
@@ -268,7 +271,8 @@ class LineGenerator:
                  repeat_window: int = 8, max_resamples: int = 2, workers: int = 1,
                  slot_defaults: Mapping[str, str] | None = None, min_mean_logprob: float | None = -5.0,
                  voice: Mapping[str, float] | None = None, bigrams: BigramTable | None = None,
-                 trigrams: TrigramTable | None = None, pipelined: bool = False) -> None:
+                 trigrams: TrigramTable | None = None, pipelined: bool = False,
+                 authored: AuthoredBook | None = None) -> None:
         check_sampling(temperature, top_k, top_p, 1)
         if max_resamples < 0 or workers < 1:
             raise ValueError(f"max_resamples must be >= 0 and workers >= 1, got {max_resamples}, {workers}")
@@ -276,6 +280,7 @@ class LineGenerator:
         self.name = name
         self._catalog = {k: (dict(v) if isinstance(v, Mapping) else list(v)) for k, v in catalog.items()}
         self.fallbacks = fallbacks
+        self.authored = authored
         self.slot_rules = slot_rules
         self.banned_words = list(banned_words)
         self.temperature, self.top_p, self.top_k = float(temperature), float(top_p), int(top_k)
@@ -311,8 +316,8 @@ class LineGenerator:
         self._stats_lock = threading.Lock()
         self._latencies: deque[float] = deque(maxlen=2048)
         self._ttfts: deque[float] = deque(maxlen=2048)
-        self._counts: dict[str, int] = {"lines": 0, "model_lines": 0, "fallback_lines": 0, "tokens": 0,
-                                        "resamples": 0}
+        self._counts: dict[str, int] = {"lines": 0, "model_lines": 0, "fallback_lines": 0, "authored_lines": 0,
+                                        "tokens": 0, "resamples": 0}
         self._reasons: dict[str, int] = {}
         self._executor: ThreadPoolExecutor | None = None
         self._pending: dict[Future[Line], _Prepared] = {}
@@ -365,6 +370,7 @@ class LineGenerator:
                 model = None
             catalog, cons, fallbacks = _read_side_files(root, source if bundled else None,
                                                         lenient=on_error == "fallback", model=model)
+            options.setdefault("authored", _read_authored(root, source if bundled else None))
         except BaseException:
             _release(root)
             raise
@@ -411,6 +417,7 @@ class LineGenerator:
         try:
             catalog, cons, fallbacks = _read_side_files(root, source if bundled else None, lenient=False,
                                                         model=None)
+            options.setdefault("authored", _read_authored(root, source if bundled else None))
         except BaseException:
             _release(root)
             raise
@@ -492,7 +499,10 @@ class LineGenerator:
         out: list[Line | None] = [None] * len(preps)
         batched: list[int] = []
         for i, p in enumerate(preps):
-            if p.req.batch and self.model is not None and not self._expired(p):
+            played = self._played(p)
+            if played is not None:
+                out[i] = played
+            elif p.req.batch and self.model is not None and not self._expired(p):
                 batched.append(i)
             else:
                 out[i] = self._serve(p)
@@ -720,6 +730,12 @@ class LineGenerator:
     def _attempts(self, prep: _Prepared, cancelled: Callable[[], bool] | None = None, *,
                   first: _Row | None = None, stream: bool = False) -> Generator[str | Line, None, None]:
         """Decode attempts for one request; yields text pieces (``stream=True``) and then the Line."""
+        played = self._played(prep) if first is None else None
+        if played is not None:
+            if stream:
+                yield played.text
+            yield played
+            return
         if self.model is None:
             yield from self._yield_fallback(prep, "model_unavailable", None, stream)
             return
@@ -777,6 +793,32 @@ class LineGenerator:
             with self._stats_lock:
                 self._counts["resamples"] += 1
         yield from self._yield_fallback(prep, reason, row, stream, attempts=attempt + 1)
+
+    def _played(self, prep: _Prepared) -> Line | None:
+        """One of the studio's authored lines for a cell its writers covered
+        (:meth:`runtime.client.authored.AuthoredBook.playable`): the most specific group first,
+        a line this NPC has not said to this player recently, drawn with the request's seed, and
+        none that says a phrase the request's tags rule out (night called daylight). None when
+        the cell is not covered or every line of it was said recently: then the model writes."""
+        if self.authored is None:
+            return None
+        req = prep.req
+        closed = {k: v for k, v in (req.context or {}).items() if k in self._catalog["context"]}
+        groups = self.authored.playable(req.npc, req.state, req.intent, req.persona or (), closed,
+                                        slots=prep.slot_values)
+        rng = np.random.default_rng([prep.seed, 104729])
+        for group in groups:
+            fresh = [ln for ln in group if not self.memory.said_recently(prep.memory_key, ln.text)
+                     and (self.model is None
+                          or self.mask.advance(WordState(), ln.text, final=True, banned=prep.banned) is not None)]
+            if fresh:
+                raw = fresh[int(rng.integers(len(fresh)))].text
+                self.memory.remember(prep.memory_key, raw)
+                line = Line(fill_slots(raw, prep.slot_values), (), self._ms(prep.t0), None, False, False,
+                            self.active_params_pct, None, None, "authored", raw, prep.seed, 0)
+                self._record(line)
+                return line
+        return None
 
     def _yield_fallback(self, prep: _Prepared, reason: str, row: _Row | None,
                         stream: bool, attempts: int | None = None) -> Iterator[str | Line]:
@@ -842,7 +884,8 @@ class LineGenerator:
                           router_confidence=line.router_confidence)
         with self._stats_lock:
             self._counts["lines"] += 1
-            self._counts["fallback_lines" if line.fallback else "model_lines"] += 1
+            self._counts["fallback_lines" if line.fallback
+                         else "authored_lines" if line.finish_reason == "authored" else "model_lines"] += 1
             self._counts["tokens"] += n
             if line.fallback_reason:
                 self._reasons[line.fallback_reason] = self._reasons.get(line.fallback_reason, 0) + 1
@@ -1352,6 +1395,22 @@ def _read_side_files(root: Path, bundle: Path | None, *, lenient: bool, model: F
     fallbacks = own_or_shipped(lambda: FallbackBook.from_json(fb_path) if fb_path.is_file() else FallbackBook.shipped(),
                                FallbackBook.shipped)
     return _read_catalog(root, model), cons, fallbacks
+
+
+def _read_authored(root: Path, bundle: Path | None) -> AuthoredBook | None:
+    """The studio's authored lines (``authored.json``) of a model directory or bundle, or None
+    where it holds none (the shipped model: its book composes lines, writers did not write
+    them whole). A malformed file raises :class:`ModelLoadError` (:class:`BundleError` in a
+    bundle) naming it."""
+    path = root / "authored.json"
+    if not path.is_file():
+        return None
+    try:
+        return AuthoredBook.from_json(path)
+    except ValueError as exc:
+        if bundle is not None:
+            raise BundleError(f"{bundle}: bundle rejected: authored.json: {exc}") from exc
+        raise ModelLoadError(str(exc)) from exc
 
 
 def _catalog_file(path: Path) -> dict[str, Any]:

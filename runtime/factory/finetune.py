@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runtime.client.authored import AuthoredBook, AuthoredLine
 from runtime.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -666,6 +667,15 @@ def extend_bigrams(cons: Mapping[str, Any], texts: Iterable[str], vocabulary: Se
     return BigramTable(words, base.slots, np.asarray(sorted(starts), dtype=np.int64), offsets, succ)
 
 
+def studio_banned_words(banned: Iterable[str], lines: Sequence[StudioLine]) -> list[str]:
+    """The base's banned words less every one the studio's own lines say: the words a line may
+    not say come from the studio's material (a space station says "radio" and "battery", a
+    modern city "phone" and "car"), not from the village's list of anachronisms."""
+    said = " ".join(" ".join(_WORD.findall(_SLOT_MARK.sub(" ", line.text).lower())) for line in lines)
+    return [w for w in banned
+            if not re.search(rf"(?<![a-z']){re.escape(w.lower())}(?![a-z])", said)]
+
+
 def extend_constraints(cons: Mapping[str, Any], lines: Sequence[StudioLine], catalog: Mapping[str, Any],
                        book: Collection[tuple[str, ...]] | None = None) -> dict[str, Any]:
     """constraints.json for the fine-tune: the vocabulary gains every word of the studio's lines;
@@ -687,6 +697,7 @@ def extend_constraints(cons: Mapping[str, Any], lines: Sequence[StudioLine], cat
         vocab.update(_WORD.findall(_SLOT_MARK.sub(" ", line.text).lower()))
     if out.get("vocabulary") is not None:
         out["vocabulary"] = sorted(vocab)
+    out["banned_words"] = studio_banned_words(out.get("banned_words") or (), lines)
     sigs: dict[str, list[str]] = out.get("signatures") or {}
     drop: dict[str, set[str]] = {}
     for tag, phrases in sigs.items():
@@ -720,40 +731,29 @@ def extend_constraints(cons: Mapping[str, Any], lines: Sequence[StudioLine], cat
     return compact_document(out)
 
 
-def extend_fallbacks(fallbacks: Mapping[str, Mapping[str, list[str]]], lines: Sequence[StudioLine],
-                     per_pair: int = 6, max_words: int = 14) -> dict[str, dict[str, list[str]]]:
-    """Fallback lines for the studio's (archetype, state) pairs: up to ``per_pair`` of its
-    slot-free, context-free lines of at most ``max_words`` words, shortest first.
-
-    These are a pair's ``any`` cell, served for an intent the studio wrote no fallback for
-    (:func:`studio_fallback_cells` adds the per-intent cells) and whatever the NPC's persona: the
-    lines a studio wrote for ``approach``
-    (the default intent: the player walks up) without a persona trait come first, since they
-    fit any move; the pair's other lines only fill the remaining places (a pair with nothing
-    else keeps its farewell or trade lines rather than no studio line at all)."""
-    out = {a: {s: list(v) for s, v in states.items()} for a, states in fallbacks.items()}
-    pairs: dict[tuple[str, str], set[tuple[bool, str]]] = {}
-    for line in lines:
-        if "{" not in line.text and len(line.text.split()) <= max_words and not line.context:
-            neutral = line.intent == DEFAULT_INTENT and not line.persona
-            pairs.setdefault((line.archetype, line.state), set()).add((not neutral, line.text))
-    for (arch, state), texts in sorted(pairs.items()):
-        ranked = sorted(texts, key=lambda t: (t[0], len(t[1]), t[1]))
-        picked = list(dict.fromkeys(text for _, text in ranked))
-        out.setdefault(arch, {})[state] = picked[:per_pair]
-    return out
+def authored_book(lines: Sequence[StudioLine]) -> AuthoredBook:
+    """The studio's lines as the engine plays them back (``authored.json``,
+    :mod:`runtime.client.authored`): every line, the held-out ones too (they are held out of
+    training to measure it, not out of the game)."""
+    return AuthoredBook(AuthoredLine(ln.archetype, ln.state, ln.intent, ln.text, ln.persona, ln.context)
+                        for ln in lines)
 
 
-def studio_fallback_cells(lines: Sequence[StudioLine], per_cell: int = 4, max_words: int = 14
+def studio_fallback_cells(lines: Sequence[StudioLine], per_cell: int = 6, max_words: int = 16
                           ) -> dict[tuple[str, str] | tuple[str, str, str], list[str]]:
     """The studio's fallback cells (:class:`runtime.client.fallback.FallbackBook`'s keys): per
-    (archetype, state) the ``any`` lines of :func:`extend_fallbacks`, and per (archetype, state,
-    intent) up to ``per_cell`` of the lines the studio wrote for that intent without a persona
-    trait, context or slot, of at most ``max_words`` words, shortest first, so a fallback answers
-    what the player did (a farewell gets a farewell) wherever the studio wrote one."""
+    (archetype, state, intent) up to ``per_cell`` of the lines the studio wrote for that intent
+    without a persona trait, context or slot, of at most ``max_words`` words, shortest first, so
+    a fallback answers what the player did (a farewell gets a farewell).
+
+    Every studio (archetype, state) pair also gets an empty key of two parts, which clears the
+    base's cells for the pair (its ``any`` lines included, written in the village's voice): a
+    studio line answers one move, so none is written into an ``any`` cell, and an intent the
+    studio did not write for in a state is answered from a near state's cell for that intent
+    (:data:`runtime.client.fallback.NEAR_STATES`), else by the generic lines; never by a line
+    written for another move."""
     cells: dict[tuple[str, str] | tuple[str, str, str], list[str]] = {
-        (a, s): texts for a, states in extend_fallbacks({}, lines, max_words=max_words).items()
-        for s, texts in states.items()}
+        (line.archetype, line.state): [] for line in lines}
     by_intent: dict[tuple[str, str, str], set[str]] = {}
     for line in lines:
         if ("{" not in line.text and len(line.text.split()) <= max_words and not line.context
@@ -845,7 +845,7 @@ def finetune(base_path: str | Path | None, lines_path: str | Path, out_dir: str 
     cfg = cfg or FinetuneConfig()
     t_start = time.perf_counter()
     base = load_base(base_path)
-    lines = read_lines(lines_path, base.catalog, banned_words=base.constraints.get("banned_words", ()))
+    lines = read_lines(lines_path, base.catalog)  # the studio's words are its own (studio_banned_words)
     train_lines, held_lines = heldout(lines, cfg.heldout_every)
     catalog, added = extend_catalog(base.catalog, lines)
     tok, id_map = extend_tokenizer(base.tokenizer, catalog)
@@ -959,6 +959,7 @@ def finetune(base_path: str | Path | None, lines_path: str | Path, out_dir: str 
     fallbacks = FallbackBook.from_doc(base.fallbacks, source=f"--base {base.path} fallbacks.json").replaced(
         studio_fallback_cells(lines)).to_doc()
     (out / "fallbacks.json").write_text(json.dumps(fallbacks, ensure_ascii=False, separators=(",", ":")) + "\n")
+    (out / "authored.json").write_text(json.dumps(authored_book(lines).to_doc(), ensure_ascii=False) + "\n")
     with (out / "studio_lines.jsonl").open("w", encoding="utf-8") as f:
         for line in lines:
             f.write(json.dumps({**line.to_json(), "heldout": line in held_lines}) + "\n")

@@ -80,14 +80,16 @@ def test_without_an_intent_the_states_any_lines_answer(book, cells):
         assert book.pick("guard", "alert", "npc", rng) in cells[("guard", "alert", ANY_INTENT)]
 
 
-def test_an_empty_cell_falls_back_to_the_any_cell_then_to_generic_lines():
+def test_an_empty_cell_falls_back_to_a_near_states_move_then_the_any_cell_then_generic_lines():
     book = FallbackBook({("guard", "alert", "greet"): ["Who are you?"], ("guard", "alert"): ["Keep back!"],
                          ("guard", "idle", "farewell"): ["Bye."]})
     assert book.candidates("guard", "alert", "greet") == ("Who are you?",)
-    assert book.candidates("guard", "alert", "farewell") == ("Keep back!",)  # no farewell cell
+    assert book.candidates("guard", "alert", "farewell") == ("Keep back!",)  # no farewell cell in alert's temper
     assert book.candidates("guard", "alert") == ("Keep back!",)
-    assert book.candidates("guard", "idle", "greet") == GENERIC  # no any cell: never another state's
-    assert book.candidates("guard", "combat", "greet") == GENERIC
+    assert book.candidates("guard", "idle", "greet") == GENERIC  # alert is of the other temper
+    assert book.candidates("guard", "combat", "greet") == ("Who are you?",)  # alert is combat's nearest
+    assert book.candidates("guard", "rest", "farewell") == ("Bye.",)  # idle is rest's nearest
+    assert book.candidates("guard", "combat", "farewell") == GENERIC
     assert book.candidates("ghost", "alert", "greet") == GENERIC  # never another archetype's
 
 

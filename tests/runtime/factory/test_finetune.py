@@ -9,6 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from runtime.client.authored import AuthoredBook  # noqa: E402
 from runtime.factory import finetune as ft  # noqa: E402
 from runtime.factory.finetune import FinetuneConfig, FinetuneError, RoutingRefused  # noqa: E402
 from runtime.tokenizer import Tokenizer  # noqa: E402
@@ -144,22 +145,8 @@ def test_studio_signatures_tie_a_phrase_to_the_one_new_tag_every_line_saying_it_
                     "archetype:smuggler": ["brandy"]}  # "cove": two archetypes say it; "quiet": weary or harbormaster?
 
 
-def test_fallbacks_put_a_pairs_intent_free_lines_first_and_skip_slots_and_context():
-    sl = ft.StudioLine
-    lines = [sl("smuggler", "alert", "Go. Slowly.", intent="farewell"),
-             sl("smuggler", "alert", "Bah. Keep it quiet.", persona=("gruff",)),
-             sl("smuggler", "alert", "Customs boat. Nobody breathes."),
-             sl("smuggler", "alert", "Douse it, {player}."),
-             sl("smuggler", "alert", "Low water.", context=(("tide", "low"),)),
-             sl("smuggler", "rest", "Fair winds.", intent="farewell")]
-    out = ft.extend_fallbacks({"guard": {"alert": ["Halt!"]}}, lines, per_pair=2)
-    assert out["smuggler"]["alert"] == ["Customs boat. Nobody breathes.", "Go. Slowly."]
-    assert out["smuggler"]["rest"] == ["Fair winds."]  # nothing intent-free: the pair keeps what it has
-    assert out["guard"] == {"alert": ["Halt!"]}
-
-
-def test_studio_fallbacks_answer_the_intent_the_studio_wrote_for_and_fall_back_to_the_pair():
-    from runtime.client.fallback import FallbackBook
+def test_studio_fallbacks_answer_the_move_the_studio_wrote_for_and_never_another_moves_line():
+    from runtime.client.fallback import GENERIC, FallbackBook
 
     sl = ft.StudioLine
     lines = [sl("smuggler", "alert", "Go. Slowly.", intent="farewell"),
@@ -167,16 +154,30 @@ def test_studio_fallbacks_answer_the_intent_the_studio_wrote_for_and_fall_back_t
              sl("smuggler", "alert", "Bah. Be off.", intent="farewell", persona=("gruff",)),
              sl("smuggler", "alert", "Customs boat. Nobody breathes."),
              sl("smuggler", "alert", "No trade till the boat's gone.", intent="trade"),
-             sl("smuggler", "alert", "Sell {item}? Not now.", intent="trade")]
+             sl("smuggler", "alert", "Sell {item}? Not now.", intent="trade"),
+             sl("smuggler", "patrol", "Evening. Walk on.", intent="greet"),
+             sl("smuggler", "alert", "Low water.", intent="greet", context=(("tide", "low"),))]
     cells = ft.studio_fallback_cells(lines)
     assert cells[("smuggler", "alert", "farewell")] == ["Go. Slowly.", "Off with you, then."]  # no trait
     assert cells[("smuggler", "alert", "trade")] == ["No trade till the boat's gone."]  # no slot
-    base = FallbackBook({("smuggler", "alert", "greet"): ["Old line."], ("guard", "alert"): ["Halt!"]})
+    assert cells[("smuggler", "alert")] == []  # clears the pair; no studio line is intent-free
+    base = FallbackBook({("smuggler", "alert", "greet"): ["Old line."], ("smuggler", "alert", "any"): ["Old."],
+                         ("guard", "alert"): ["Halt!"]})
     book = base.replaced(cells)
     assert book.candidates("smuggler", "alert", "farewell") == ("Go. Slowly.", "Off with you, then.")
-    assert book.candidates("smuggler", "alert", "greet") == book.candidates("smuggler", "alert")  # the pair's any
+    # greet: no context-free greet in alert; patrol's greet answers (same temper), not the approach line
+    assert book.candidates("smuggler", "alert", "greet") == ("Evening. Walk on.",)
+    assert book.candidates("smuggler", "alert", "ask_rumors") == GENERIC  # nothing for the move: generic
     assert "Old line." not in book.candidates("smuggler", "alert", "greet")  # the studio's pair replaced
     assert book.candidates("guard", "alert", "trade") == ("Halt!",)
+
+
+def test_a_studios_own_words_are_not_banned_for_it():
+    sl = ft.StudioLine
+    lines = [sl("dockmaster", "working", "Radio the bay. The battery's flat."),
+             sl("dockmaster", "idle", "Okay, okay.")]
+    assert ft.studio_banned_words(["radio", "battery", "ok", "okay", "phone", "train station"], lines) == \
+        ["ok", "phone", "train station"]
 
 
 def test_new_names_become_control_tokens_and_text_ids_shift_consistently(tmp_path):
@@ -262,7 +263,9 @@ def test_the_finetune_is_a_model_directory_the_engine_and_eval_load(tuned):
 
     fallbacks = FallbackBook.from_json(out / "fallbacks.json")
     assert json.loads((out / "fallbacks.json").read_text())["version"] == 3
-    assert fallbacks.lines[("smuggler", "friendly", ANY_INTENT)] == ("Keep your voice down and your purse open.",)
+    assert ("smuggler", "friendly", ANY_INTENT) not in fallbacks.lines  # a studio line answers one move
+    assert fallbacks.lines[("guard", "patrol", "approach")] == ("The harbour chain is up tonight.",)
+    assert ("guard", "patrol", ANY_INTENT) not in fallbacks.lines  # the village guard's pair is the studio's now
     gen = LineGenerator.load(out)
     try:
         assert "quartermaster" in gen.catalog()["archetypes"]
@@ -280,6 +283,7 @@ def test_the_finetune_is_a_model_directory_the_engine_and_eval_load(tuned):
         bits = words.banned_bits("quartermaster", context={"tide": tide} if tide else {})
         assert (words.advance(WordState(), line, final=True, banned=bits) is not None) is ok, tide
     assert ft.read_studio_lines(out)[5].like == "merchant"
+    assert len(AuthoredBook.from_json(out / "authored.json")) == len({r["line"] for r in LINES})
     assert report["started_from"]["<arch:quartermaster>"]["from"] == "<arch:merchant>"
     section = ft.eval_section(out)
     assert section["lines"] == len(LINES) and section["mode"] == "adapters"
@@ -287,6 +291,36 @@ def test_the_finetune_is_a_model_directory_the_engine_and_eval_load(tuned):
     assert section["router_confidence"] == pytest.approx(report["router_confidence"]["finetuned"], abs=0.02)
     assert "router confidence" in ft.format_eval_section(section)
     assert ft.eval_section(None) is None
+
+
+def test_a_covered_cell_plays_back_the_studios_line_and_the_model_writes_the_gaps(tuned):
+    from runtime import LineGenerator
+
+    _, out = tuned
+    gen = LineGenerator.load(out)
+    try:
+        ask = {"intent": "trade", "npc_id": "qm", "player_id": "p1"}
+        first = gen.generate("quartermaster", "working", context={"tide": "low"}, seed=1, **ask)
+        assert first.finish_reason == "authored" and not first.fallback and first.tokens == ()
+        assert first.text == "Every barrel counted twice, every coin once."
+        # the cell's only line was just said to this player: the model writes the next one
+        again = gen.generate("quartermaster", "working", context={"tide": "low"}, seed=2, **ask)
+        assert again.finish_reason != "authored"
+        # the line asks for tide=low: a request without the tide is not covered by it
+        assert gen.generate("quartermaster", "working", seed=3, intent="trade").finish_reason != "authored"
+        batch = gen.generate_batch([{"npc": "quartermaster", "state": "working", "intent": "trade",
+                                     "context": {"tide": "low"}, "seed": 4, "player_id": "p2"}])
+        assert batch[0].finish_reason == "authored"
+        stats = gen.stats()
+        assert stats["authored_lines"] == 2 and stats["lines"] == 4
+    finally:
+        gen.close()
+    alone = LineGenerator.load(out, authored=None)
+    try:
+        line = alone.generate("quartermaster", "working", context={"tide": "low"}, seed=1, intent="trade")
+        assert line.finish_reason != "authored"
+    finally:
+        alone.close()
 
 
 def test_export_is_refused_when_routing_fails_unless_forced(tiny_model_dir, tmp_path, monkeypatch, one_torch_thread):

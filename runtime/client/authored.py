@@ -1,0 +1,196 @@
+"""A studio's authored lines, played back where the writers covered a request.
+
+A fine-tune ships the studio's own lines beside the model as ``authored.json``. The engine
+serves one of them, not a generated line, when the writers wrote lines for the request's *cell*
+(archetype, state, intent) that the request satisfies; the model writes only for the cells they
+did not cover. A whole authored line is what a writer would ship; a generated line for a covered
+cell can only tie it. (Measured: ``flashnpc eval studio``, docs/finetune.md.)
+
+**Which lines a request may get** (:meth:`AuthoredBook.playable`), as Valve's response rules
+match criteria: a line's tags are its criteria, and every one must hold.
+
+* archetype, state and intent equal the request's;
+* every persona trait of the line is in the request's persona;
+* every ``slot=value`` of the line's context is in the request's context;
+* every ``{slot}`` the line uses has a value (the request's, or the model's slot default).
+
+The most specific lines come first (most persona and context criteria met: a line written for
+``alarm=red`` beats an untagged one when the alarm is red); among equally specific lines the
+caller picks one it has not said recently.
+
+**The rule pick** (:meth:`AuthoredBook.rule_pick`) is the reference FlashNPC is measured
+against: the same archetype's line whose tags match the request best (one point for each of
+state, intent, persona trait and context pair the line shares with the request; a line whose
+persona or context contradicts the request is out), ties drawn with the caller's generator. It
+is what a game without a model would play back.
+
+**File format** (``authored.json``), version 1::
+
+    {"version": 1,
+     "lines": [{"archetype": "dockmaster", "state": "working", "intent": "greet",
+                "persona": ["weary"], "context": {"alarm": "red"}, "text": "Bay four. Make it quick."},
+               ...]}
+
+``persona`` and ``context`` may be left out (none). A malformed file raises ValueError naming the
+file and the line's index.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMAT_VERSION = 1
+
+_SLOT = re.compile(r"\{([a-z_]+)\}")
+
+
+@dataclass(frozen=True)
+class AuthoredLine:
+    """One line a writer wrote, with the tags it was written for."""
+
+    archetype: str
+    state: str
+    intent: str
+    text: str
+    persona: tuple[str, ...] = ()
+    context: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def slots(self) -> frozenset[str]:
+        return frozenset(_SLOT.findall(self.text))
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"archetype": self.archetype, "state": self.state, "intent": self.intent}
+        if self.persona:
+            out["persona"] = list(self.persona)
+        if self.context:
+            out["context"] = dict(self.context)
+        out["text"] = self.text
+        return out
+
+
+Cell = tuple[str, str, str]
+
+
+class AuthoredBook:
+    """A studio's authored lines, indexed by (archetype, state, intent) cell."""
+
+    def __init__(self, lines: Iterable[AuthoredLine]) -> None:
+        self.lines: tuple[AuthoredLine, ...] = tuple(dict.fromkeys(lines))
+        self._cells: dict[Cell, list[AuthoredLine]] = {}
+        self._by_archetype: dict[str, list[AuthoredLine]] = {}
+        for line in self.lines:
+            self._cells.setdefault((line.archetype, line.state, line.intent), []).append(line)
+            self._by_archetype.setdefault(line.archetype, []).append(line)
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    @property
+    def cells(self) -> frozenset[Cell]:
+        """Every (archetype, state, intent) the writers wrote a line for."""
+        return frozenset(self._cells)
+
+    # ------------------------------------------------------------------ reading and writing
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> AuthoredBook:
+        path = Path(path)
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path}: cannot read authored lines ({exc})") from exc
+        return cls.from_doc(doc, source=str(path))
+
+    @classmethod
+    def from_doc(cls, doc: Any, *, source: str = "authored.json") -> AuthoredBook:
+        if not isinstance(doc, dict) or doc.get("version") != FORMAT_VERSION:
+            raise ValueError(f"{source}: expected {{\"version\": {FORMAT_VERSION}, \"lines\": [...]}}")
+        extra = sorted(set(doc) - {"version", "lines"})
+        if extra:
+            raise ValueError(f"{source}: {extra[0]}: unknown key; known: lines, version")
+        raw = doc.get("lines")
+        if not isinstance(raw, list):
+            raise ValueError(f"{source}: lines: expected a list of line objects")
+        return cls(_line(item, f"{source}: lines[{i}]") for i, item in enumerate(raw))
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"version": FORMAT_VERSION, "lines": [line.to_json() for line in self.lines]}
+
+    # ------------------------------------------------------------------ matching
+
+    def playable(self, archetype: str, state: str, intent: str, persona: Sequence[str] = (),
+                 context: Mapping[str, str] | None = None, slots: Iterable[str] = ()
+                 ) -> list[list[AuthoredLine]]:
+        """The cell's lines whose criteria the request meets (module docstring), grouped by
+        specificity, most specific group first; empty when the writers did not cover the request."""
+        asked_persona = set(persona)
+        asked = dict(context or {})
+        filled = set(slots)
+        groups: dict[int, list[AuthoredLine]] = {}
+        for line in self._cells.get((archetype, state, intent), ()):
+            if not set(line.persona) <= asked_persona or not line.slots <= filled:
+                continue
+            if any(asked.get(k) != v for k, v in line.context):
+                continue
+            groups.setdefault(len(line.persona) + len(line.context), []).append(line)
+        return [groups[k] for k in sorted(groups, reverse=True)]
+
+    def covers(self, archetype: str, state: str, intent: str, persona: Sequence[str] = (),
+               context: Mapping[str, str] | None = None, slots: Iterable[str] = ()) -> bool:
+        return bool(self.playable(archetype, state, intent, persona, context, slots))
+
+    def rule_pick(self, archetype: str, state: str, intent: str, persona: Sequence[str] = (),
+                  context: Mapping[str, str] | None = None, *, rng: np.random.Generator,
+                  slots: Iterable[str] = ()) -> AuthoredLine | None:
+        """The reference line (module docstring): the archetype's best tag match, or None when
+        the archetype has no line the request's persona, context and slots allow."""
+        asked_persona = set(persona)
+        asked = dict(context or {})
+        filled = set(slots)
+        best: list[AuthoredLine] = []
+        top = -1
+        for line in self._by_archetype.get(archetype, ()):
+            if not set(line.persona) <= asked_persona or not line.slots <= filled:
+                continue
+            if any(asked.get(k) != v for k, v in line.context):
+                continue
+            score = ((line.state == state) + (line.intent == intent) + len(line.persona)
+                     + len(line.context))
+            if score > top:
+                best, top = [line], score
+            elif score == top:
+                best.append(line)
+        return best[int(rng.integers(len(best)))] if best else None
+
+
+def _line(item: Any, where: str) -> AuthoredLine:
+    if not isinstance(item, dict):
+        raise ValueError(f"{where}: expected an object")
+    extra = sorted(set(item) - {"archetype", "state", "intent", "persona", "context", "text"})
+    if extra:
+        raise ValueError(f"{where}: {extra[0]}: unknown key")
+    fields = {}
+    for key in ("archetype", "state", "intent", "text"):
+        value = item.get(key)
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"{where}: {key}: expected a non-empty string")
+        fields[key] = value
+    persona = item.get("persona", [])
+    if not isinstance(persona, list) or not all(isinstance(t, str) for t in persona):
+        raise ValueError(f"{where}: persona: expected a list of trait names")
+    context = item.get("context", {})
+    if not isinstance(context, dict) or not all(isinstance(v, str) for v in context.values()):
+        raise ValueError(f"{where}: context: expected an object of slot: value strings")
+    return AuthoredLine(fields["archetype"], fields["state"], fields["intent"], fields["text"],
+                        tuple(sorted(set(persona))), tuple(sorted(context.items())))
+
+
+__all__ = ["FORMAT_VERSION", "AuthoredBook", "AuthoredLine"]

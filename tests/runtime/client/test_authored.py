@@ -1,0 +1,82 @@
+"""A studio's authored lines: which a request may get (Valve-style criteria), most specific first,
+the rule pick FlashNPC is measured against, and the file format's errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from runtime.client.authored import AuthoredBook, AuthoredLine
+from runtime.client.fallback import GENERIC, FallbackBook
+
+AL = AuthoredLine
+BOOK = AuthoredBook([
+    AL("dockmaster", "working", "greet", "Bay four. Make it quick."),
+    AL("dockmaster", "working", "greet", "Red lights, {player}. Inside, now.", context=(("alarm", "red"),)),
+    AL("dockmaster", "working", "greet", "Another form. Wonderful.", persona=("weary",)),
+    AL("dockmaster", "working", "trade", "Docking fees are posted. Read them."),
+    AL("dockmaster", "patrol", "farewell", "Mind the yellow line."),
+    AL("medic", "working", "greet", "Sit. Don't bleed on the chair."),
+])
+
+
+def test_a_request_gets_only_lines_whose_every_criterion_holds():
+    groups = BOOK.playable("dockmaster", "working", "greet")
+    assert [[ln.text for ln in g] for g in groups] == [["Bay four. Make it quick."]]
+    # the alarm line needs alarm=red and a {player}; the weary line needs the trait
+    groups = BOOK.playable("dockmaster", "working", "greet", ["weary"], {"alarm": "red"}, slots=["player"])
+    assert [len(g) for g in groups] == [2, 1]  # both tagged lines before the untagged one
+    assert {ln.text for ln in groups[0]} == {"Red lights, {player}. Inside, now.", "Another form. Wonderful."}
+    assert BOOK.playable("dockmaster", "working", "greet", context={"alarm": "green"})[0][0].text == \
+        "Bay four. Make it quick."
+    assert not BOOK.covers("dockmaster", "working", "farewell")
+    assert not BOOK.covers("guard", "working", "greet")
+
+
+def test_the_rule_pick_is_the_archetypes_best_tag_match_and_never_contradicts_the_request():
+    rng = np.random.default_rng(0)
+    pick = BOOK.rule_pick("dockmaster", "working", "farewell", rng=rng)
+    assert pick is not None and pick.text in {"Bay four. Make it quick.", "Docking fees are posted. Read them.",
+                                              "Mind the yellow line."}  # one point each: state, or intent
+    pick = BOOK.rule_pick("dockmaster", "working", "greet", context={"alarm": "red"}, rng=rng, slots=["player"])
+    assert pick is not None and pick.text == "Red lights, {player}. Inside, now."
+    for _ in range(20):
+        pick = BOOK.rule_pick("dockmaster", "working", "greet", context={"alarm": "green"}, rng=rng)
+        assert pick is not None and "Red lights" not in pick.text and "form" not in pick.text
+    assert BOOK.rule_pick("guard", "working", "greet", rng=rng) is None
+
+
+def test_the_file_round_trips_and_a_bad_one_is_named(tmp_path):
+    path = tmp_path / "authored.json"
+    path.write_text(json.dumps(BOOK.to_doc()))
+    assert AuthoredBook.from_json(path).lines == BOOK.lines
+    cases = [({"version": 2, "lines": []}, "expected"),
+             ({"version": 1, "lines": {}}, "lines: expected a list"),
+             ({"version": 1, "lines": [], "extra": 1}, "extra: unknown key"),
+             ({"version": 1, "lines": [{"archetype": "a", "state": "b", "intent": "c"}]}, r"lines\[0\]: text"),
+             ({"version": 1, "lines": [{"archetype": "a", "state": "b", "intent": "c", "text": "x",
+                                        "persona": "weary"}]}, r"lines\[0\]: persona"),
+             ({"version": 1, "lines": [{"archetype": "a", "state": "b", "intent": "c", "text": "x",
+                                        "context": {"alarm": 1}}]}, r"lines\[0\]: context")]
+    for doc, message in cases:
+        path.write_text(json.dumps(doc))
+        with pytest.raises(ValueError, match=message):
+            AuthoredBook.from_json(path)
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match=r"authored\.json: cannot read"):
+        AuthoredBook.from_json(path)
+
+
+def test_a_fallback_answers_the_move_from_a_near_state_before_any_other_moves_line():
+    book = FallbackBook({("smuggler", "patrol", "greet"): ["Evening. Keep walking."],
+                         ("smuggler", "alert", "trade"): ["Not now."],
+                         ("smuggler", "rest", "greet"): ["Mm? Oh, hello."],
+                         ("smuggler", "alert", "any"): ["Quiet."]})
+    # alert's own greet cell is empty: patrol (same temper) answers, not the alert trade line
+    assert book.candidates("smuggler", "alert", "greet") == ("Evening. Keep walking.",)
+    # combat has no greet cell and no near state with one: rest is of the other temper
+    assert book.candidates("smuggler", "combat", "greet") == GENERIC
+    assert book.candidates("smuggler", "alert", "farewell") == ("Quiet.",)
+    assert book.candidates("smuggler", "alert", None) == ("Quiet.",)
