@@ -10,6 +10,8 @@ the shipped ``runtime/assets/flash/``) into a bundle (see :mod:`runtime.client.b
     model.ort                   the INT4 model in ORT format, optimisations fixed for the target
     required_operators.config   the operators a reduced/minimal onnxruntime build must include
     tokenizer.json config.json catalog.json fallbacks.json constraints.json
+    authored.json               a fine-tune's studio lines, played back where they cover a request
+                                (only when the model directory has one)
     reference.json              one seeded line per archetype and state, as the Python runtime
                                 generated it (``flashnpc bundle verify`` regenerates and compares)
 
@@ -130,6 +132,8 @@ def _build(src: Path, stage: Path, work: Path, target: str, model_id: str,
         _write_json(stage / "catalog.json", tokenizer_data["catalog"])
     _copy_or_write(src, stage / "fallbacks.json")
     _copy_or_write(src, stage / "constraints.json")
+    if (src / "authored.json").is_file():  # a fine-tune's studio lines, played back (runtime.client.authored)
+        shutil.copyfile(src / "authored.json", stage / "authored.json")
 
     # the Python runtime on the source model is the reference the ORT model must reproduce
     settings = reference_settings()

@@ -1047,6 +1047,14 @@ class WordConstraint:
             bits &= ~self._tag_bit.get(tag, 0)
         return bits
 
+    def says_banned(self, text: str, banned: int) -> bool:
+        """Whether a whole line says a phrase of a tag in ``banned`` (:meth:`banned_bits`): a
+        banned word, another tag's signature. Words outside the vocabulary and the text rules
+        are not judged: this is the check of a writer's own line, which the model's checks would
+        refuse for words the book never says."""
+        _, _, bits = self._read(WordState(), _SLOT_MARKER.sub(_SLOT_CHAR, text).lower(), True)
+        return bool(bits & banned & ~self._vocab_bit)
+
     def _bits_int(self, banned: int | None) -> int:
         return self._default if banned is None else banned
 

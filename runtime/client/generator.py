@@ -809,8 +809,7 @@ class LineGenerator:
         rng = np.random.default_rng([prep.seed, 104729])
         for group in groups:
             fresh = [ln for ln in group if not self.memory.said_recently(prep.memory_key, ln.text)
-                     and (self.model is None
-                          or self.mask.advance(WordState(), ln.text, final=True, banned=prep.banned) is not None)]
+                     and (prep.banned is None or not self.mask.says_banned(ln.text, prep.banned))]
             if fresh:
                 raw = fresh[int(rng.integers(len(fresh)))].text
                 self.memory.remember(prep.memory_key, raw)

@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import argparse
 import csv
+import difflib
 import functools
 import itertools
 import json
 import math
 import re
 import time
+import unicodedata
 import zlib
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -172,8 +174,9 @@ def read_lines(path: str | Path, base_catalog: Mapping[str, Any], *,
                banned_words: Iterable[str] = ()) -> list[StudioLine]:
     """Read and check a studio's CSV or JSONL file against the base model's catalog.
 
-    States and intents must be the base model's (a line voices one of the behaviour states the
-    game's trees produce); archetypes, persona traits, context slots and values may be new.
+    Archetypes, persona traits, states, intents, context slots and values may be new: each new
+    name becomes a control token (a game's own catalog); a new state or intent that looks like a
+    slip for a base one (``patrols``) is refused with the base name.
     ``like`` (optional) names the base archetype a new archetype's token starts from; it must be
     one of the base's archetypes, only on rows of a new archetype, and the same on all of them.
     Every problem is collected and raised at once as a :class:`FinetuneError` whose problems
@@ -204,13 +207,10 @@ def read_lines(path: str | Path, base_catalog: Mapping[str, Any], *,
             arch = _names(values["archetype"], "archetype")
             if len(arch) > 1:
                 raise ValueError(f"archetype: one name, got {values['archetype']!r}")
-            if values["state"] and values["state"] not in base_catalog["states"]:
-                raise ValueError(f"state: {values['state']!r} is not a state of the base model "
-                                 f"({', '.join(base_catalog['states'])})")
+            if values["state"]:
+                _new_name("state", values["state"], base_catalog["states"])
             intent = str(row.get("intent") or "").strip() or DEFAULT_INTENT
-            if intent not in base_catalog["intents"]:
-                raise ValueError(f"intent: {intent!r} is not an intent of the base model "
-                                 f"({', '.join(base_catalog['intents'])})")
+            _new_name("intent", intent, base_catalog["intents"])
             persona = _names(row.get("persona"), "persona")
             context = _context(row.get("context"))
             like = _like(row.get("like"), arch[0] if arch else "", base_catalog, likes, where)
@@ -228,6 +228,20 @@ def read_lines(path: str | Path, base_catalog: Mapping[str, Any], *,
     if not out:
         raise FinetuneError(f"{p}: no lines")
     return out
+
+
+def _new_name(kind: str, name: str, known: Sequence[str]) -> None:
+    """A state or intent may be the base's or a game's own (a new control token), but not a name
+    so close to a base one that it reads as a slip (``patrols`` for ``patrol``)."""
+    if name in known:
+        return
+    if not _NAME.match(name):
+        raise ValueError(f"{kind}: {name!r} is not a name (lower-case letters, digits, _)")
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+    if close:
+        raise ValueError(f"{kind}: {name!r} is not one of the base model's {kind}s; did you mean "
+                         f"{close[0]!r}? (a new {kind} must not look like a known one: "
+                         f"{', '.join(known)})")
 
 
 def _like(value: Any, arch: str, base_catalog: Mapping[str, Any], seen: dict[str, tuple[str, str]],
@@ -250,11 +264,9 @@ def _like(value: Any, arch: str, base_catalog: Mapping[str, Any], seen: dict[str
 def _check_text(text: str, slots: set[str], banned: Sequence[str]) -> None:
     if not text:
         return
-    try:
-        text.encode("ascii")
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"line: non-ASCII character {text[exc.start]!r} at column {exc.start + 1} "
-                         "(the engine writes ASCII only; use ' and \" and ...)") from None
+    bad = next((i for i, ch in enumerate(text) if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn")), None)
+    if bad is not None:
+        raise ValueError(f"line: control or unassigned character U+{ord(text[bad]):04X} at column {bad + 1}")
     for m in _SLOT_MARK.finditer(text):
         if m.group(1) not in slots:
             raise ValueError(f"line: unknown slot {{{m.group(1)}}} (slots: "
@@ -282,11 +294,13 @@ def extend_catalog(base: Mapping[str, Any], lines: Iterable[StudioLine]) -> tupl
     """The base catalog plus the lines' new archetypes, persona traits and context slots/values
     (appended in order of first appearance); also returns the new names per kind."""
     cat = json.loads(json.dumps(base))
-    added: dict[str, list[str]] = {"archetypes": [], "persona_traits": [], "context": []}
+    added: dict[str, list[str]] = {"archetypes": [], "persona_traits": [], "states": [], "intents": [],
+                                   "context": []}
     for line in lines:
-        if line.archetype not in cat["archetypes"]:
-            cat["archetypes"].append(line.archetype)
-            added["archetypes"].append(line.archetype)
+        for kind, name in (("archetypes", line.archetype), ("states", line.state), ("intents", line.intent)):
+            if name not in cat[kind]:
+                cat[kind].append(name)
+                added[kind].append(name)
         for t in line.persona:
             if t not in cat["persona_traits"]:
                 cat["persona_traits"].append(t)
@@ -721,11 +735,13 @@ def extend_constraints(cons: Mapping[str, Any], lines: Sequence[StudioLine], cat
         from runtime.client.trigrams import TrigramTable
 
         out["trigrams"] = TrigramTable.from_json(cons["trigrams"]).with_texts(line.text for line in lines).to_json()
-    rules = out["slot_rules"]["archetype"]
-    for arch in catalog["archetypes"]:
-        if arch not in rules:
-            used = {m for line in lines if line.archetype == arch for m in _SLOT_MARK.findall(line.text)}
-            rules[arch] = sorted(used)
+    for kind, names in (("archetype", catalog["archetypes"]), ("state", catalog["states"]),
+                        ("intent", catalog["intents"])):
+        rules = out["slot_rules"].setdefault(kind, {})
+        for name in names:
+            if name not in rules:
+                used = {m for line in lines if getattr(line, kind) == name for m in _SLOT_MARK.findall(line.text)}
+                rules[name] = sorted(used)
     out["signatures_dropped"] = {t: sorted(g) for t, g in sorted(drop.items())}
     out["signatures_added"] = added
     return compact_document(out)

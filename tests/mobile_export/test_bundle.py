@@ -327,3 +327,27 @@ def test_the_shipped_model_bundles_within_8_mb_and_verifies(tmp_path):
     assert report.ok, report.render()
     assert [w["cases"] for w in report.workers] == [80, 80]  # 10 archetypes x 8 states
     assert done.manifest["reference"]["cases"] == 80
+
+
+def test_a_fine_tunes_authored_lines_travel_in_the_bundle_and_play_back(model_dir, tmp_path):
+    import shutil
+
+    from runtime.client.authored import AuthoredBook, AuthoredLine
+    from runtime.client.generator import LineGenerator
+
+    src = tmp_path / "studio_model"
+    shutil.copytree(model_dir, src)
+    line = "Caf\u00e9 first, haggling after."
+    (src / "authored.json").write_text(json.dumps(AuthoredBook([AuthoredLine("merchant", "working", "trade",
+                                                                             line)]).to_doc(), ensure_ascii=False))
+    bundle = export_bundle(src, tmp_path / "bundle", target="arm")
+    assert "authored.json" in {f["path"] for f in bundle.manifest["files"]}
+    gen = LineGenerator.load(bundle.path, warmup=False)
+    try:
+        played = gen.generate("merchant", "working", intent="trade", seed=0)
+        assert (played.text, played.finish_reason) == (line, "authored")
+    finally:
+        gen.close()
+    (bundle.path / "authored.json").write_text("{}")  # a changed byte: the manifest's hash refuses it
+    with pytest.raises(BundleError, match=r"authored\.json"):
+        LineGenerator.load(bundle.path, warmup=False)

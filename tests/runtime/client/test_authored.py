@@ -80,3 +80,16 @@ def test_a_fallback_answers_the_move_from_a_near_state_before_any_other_moves_li
     assert book.candidates("smuggler", "combat", "greet") == GENERIC
     assert book.candidates("smuggler", "alert", "farewell") == ("Quiet.",)
     assert book.candidates("smuggler", "alert", None) == ("Quiet.",)
+
+
+def test_a_writers_line_is_judged_by_the_requests_banned_phrases_not_by_the_models_vocabulary():
+    from runtime.client.constraints import read_constraints
+    from runtime.paths import DEFAULT_MODEL_DIR
+    from runtime.tokenizer import Tokenizer
+
+    words = read_constraints(DEFAULT_MODEL_DIR).word_constraint(Tokenizer.load(DEFAULT_MODEL_DIR))
+    night = words.banned_bits("merchant", context={"time_of_day": "night"})
+    day = words.banned_bits("merchant", context={"time_of_day": "day"})
+    assert words.says_banned("Full daylight, and no buyers.", night)  # night called daylight
+    assert not words.says_banned("Full daylight, and no buyers.", day)
+    assert not words.says_banned("Caf\u00e9 first, haggling after, {player}.", night)  # unknown words are the writer's

@@ -30,6 +30,8 @@ LINES = [
     {"archetype": "smuggler", "state": "idle", "line": "High water tonight, and no moon.", "context": {"tide": "high"}},
     {"archetype": "smuggler", "state": "working", "line": "Low water, so the skiff waits.", "context": {"tide": "low"}},
     {"archetype": "guard", "state": "patrol", "line": "High water. The chain is up.", "context": {"tide": "high"}},
+    {"archetype": "smuggler", "state": "drunk", "line": "Another round! Hic.", "intent": "wave"},
+    {"archetype": "smuggler", "state": "idle", "line": "Caf\u00e9? Non. Rhum, s'il vous pla\u00eet.", "intent": "greet"},
 ] * 3
 
 
@@ -43,24 +45,27 @@ def test_bad_rows_are_named_by_file_line_and_field(tmp_path):
     csv_file.write_text(
         "archetype,state,line,persona,intent,context\n"
         "smuggler,friendly,Fair enough.,sly,,\n"           # fine
-        "smuggler,dancing,Fair enough.,,,\n"               # 3: unknown state
+        "smuggler,patrols,Fair enough.,,,\n"               # 3: a slip for a base state
         ",idle,Nobody.,,,\n"                                # 4: missing archetype
         "smuggler,idle,Where's {captain}?,,,\n"            # 5: unknown slot
-        "smuggler,idle,Fine.,,bargain,\n"                   # 6: unknown intent
+        "smuggler,idle,Fine.,,treaten,\n"                   # 6: a slip for a base intent
         "smuggler,idle,Fine.,,,tide\n"                      # 7: context not slot=value
         "smuggler,idle,Call me on the phone.,,,\n"          # 8: banned word
         "Smuggler,idle,Fine.,,,\n"                          # 9: not a name
-        "smuggler,idle,Caf\u00e9 au lait.,,,\n"             # 10: non-ASCII
+        "smuggler,idle,Caf\u00e9 au lait.,,,\n"             # fine: Unicode text
+        "smuggler,idle,Zero\u200bwidth.,,,\n"              # 11: a format character
     )
     with pytest.raises(FinetuneError) as info:
         ft.read_lines(csv_file, CATALOG, banned_words=["phone"])
     problems = info.value.problems
     where = [p.split(": ", 2)[0] for p in problems]
-    assert where == [f"{csv_file}:{n}" for n in range(3, 11)]
-    for n, field in zip(range(3, 11), ["state", "archetype", "line", "intent", "context", "line", "archetype", "line"],
-                        strict=True):
-        assert f"{csv_file}:{n}: {field}" in problems[n - 3], problems[n - 3]
+    assert where == [f"{csv_file}:{n}" for n in (*range(3, 10), 11)]
+    for n, field in zip((*range(3, 10), 11), ["state", "archetype", "line", "intent", "context", "line",
+                                              "archetype", "line"], strict=True):
+        assert any(p.startswith(f"{csv_file}:{n}: {field}") for p in problems), (n, problems)
     assert "banned word 'phone'" in problems[5]
+    assert "U+200B" in problems[-1]
+    assert "did you mean 'patrol'" in problems[0] and "did you mean 'threaten'" in problems[3]
 
     bad_json = tmp_path / "lines.jsonl"
     bad_json.write_text('{"archetype": "smuggler", "state": "idle", "line": "Hm."}\n[1]\n{"state": "idle"\n'
@@ -184,10 +189,10 @@ def test_new_names_become_control_tokens_and_text_ids_shift_consistently(tmp_pat
     lines = ft.read_lines(write_jsonl(tmp_path / "l.jsonl", LINES), CATALOG)
     catalog, added = ft.extend_catalog(CATALOG, lines)
     assert added == {"archetypes": ["quartermaster", "smuggler"], "persona_traits": ["salty"],
-                     "context": ["tide=low", "tide=high"]}
+                     "states": ["drunk"], "intents": ["wave"], "context": ["tide=low", "tide=high"]}
     old = Tokenizer.load(Path(ft.__file__).resolve().parent.parent / "assets/flash")
     new, id_map = ft.extend_tokenizer(old, catalog)
-    assert new.vocab_size == old.vocab_size + 5
+    assert new.vocab_size == old.vocab_size + 7
     text = "Every barrel counted twice, {player}, and the tide's out."
     assert [id_map[i] for i in old.encode(text)] == new.encode(text)
     assert new.decode(new.encode(text)) == text
@@ -321,6 +326,31 @@ def test_a_covered_cell_plays_back_the_studios_line_and_the_model_writes_the_gap
         assert line.finish_reason != "authored"
     finally:
         alone.close()
+
+
+def test_a_games_own_state_and_intent_and_unicode_lines_go_through_the_whole_chain(tuned):
+    from runtime import LineGenerator
+    from runtime.client.constraints import read_constraints
+
+    report, out = tuned
+    assert report["added"]["states"] == ["drunk"] and report["added"]["intents"] == ["wave"]
+    catalog = json.loads((out / "catalog.json").read_text())
+    assert "drunk" in catalog["states"] and "wave" in catalog["intents"]
+    assert read_constraints(out).slot_rules.allowed("smuggler", "drunk", "wave") == frozenset()
+    gen = LineGenerator.load(out)
+    try:
+        line = gen.generate("smuggler", "drunk", intent="wave", seed=1, player_id="a")
+        assert line.text == "Another round! Hic." and line.finish_reason == "authored"
+        made = gen.generate("smuggler", "drunk", intent="wave", seed=2, player_id="a")  # the model's turn
+        assert made.finish_reason != "authored" and made.text
+        cafe = gen.generate("smuggler", "idle", intent="greet", seed=1)
+        assert cafe.text == "Caf\u00e9? Non. Rhum, s'il vous pla\u00eet." and cafe.finish_reason == "authored"
+        tok = Tokenizer.load(out)
+        assert tok.decode(tok.encode(cafe.text)) == cafe.text
+        with pytest.raises(ValueError, match="dancing"):
+            gen.generate("smuggler", "dancing", intent="wave")
+    finally:
+        gen.close()
 
 
 def test_export_is_refused_when_routing_fails_unless_forced(tiny_model_dir, tmp_path, monkeypatch, one_torch_thread):
