@@ -473,6 +473,7 @@ def _studio(args: argparse.Namespace) -> int:
     for who in ("served", "model_alone"):
         for side, f in report[who].items():
             print(f"{who:11s} {side:9s} {f['requests']:3d} requests: authored {f['authored_pct']}%, "
+                  f"near state {f['authored_near_pct']}%, "
                   f"generated {f['generated_pct']}%, fallback {f['fallback_pct']}% "
                   f"(new archetypes {f['new_archetype_fallback_pct']}%), wrong-move fallbacks "
                   f"{f['wrong_move_fallbacks']}")

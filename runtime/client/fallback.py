@@ -71,9 +71,9 @@ FORMAT_VERSION = 3
 _READS = (2, 3)
 
 NEAR_STATES: dict[str, tuple[str, ...]] = {
-    "alert": ("patrol", "combat", "working"),
-    "combat": ("alert", "flee"),
-    "flee": ("combat", "alert"),
+    "alert": ("patrol", "combat"),
+    "combat": ("flee", "alert"),
+    "flee": ("combat",),
     "friendly": ("idle", "rest", "working"),
     "idle": ("friendly", "rest", "working", "patrol"),
     "patrol": ("alert", "working", "idle"),

@@ -78,7 +78,8 @@ from runtime.client.constraints import (
     without_broken_bytes,
 )
 from runtime.client.errors import BundleError, ModelLoadError
-from runtime.client.fallback import FallbackBook
+from runtime.client.fallback import NEAR_STATES, FallbackBook
+from runtime.client.line_fit import FitCache, state_fit
 from runtime.client.metrics import EngineMetrics
 from runtime.client.onnx_model import DEFAULT_MODEL_DIR, FlashOnnx, decode_rows
 from runtime.client.prefix_cache import PrefixCache
@@ -111,7 +112,9 @@ class Line:
     ``finish_reason``: ``eos``, ``length``, ``stop``, ``deadline``, ``error``, ``fallback``,
     ``blocked`` (the word constraints left no token: the line ends at its last complete word),
     ``authored`` (a line the studio's writers wrote for the request's cell, played back:
-    :mod:`runtime.client.authored`; no tokens decoded, ``fallback`` False);
+    :mod:`runtime.client.authored`; no tokens decoded, ``fallback`` False), ``authored_near``
+    (the studio's line for the same move in a near state, chosen by the model for the state:
+    :meth:`LineGenerator._played`);
     ``active_params_pct``: share of the model's parameters a decoded token touches;
     ``router_confidence``: mean top-1 router probability over the decoded tokens' MoE layers;
     ``seed``: the seed used (pass it back to reproduce the line); ``attempts``: samples drawn;
@@ -281,6 +284,7 @@ class LineGenerator:
         self._catalog = {k: (dict(v) if isinstance(v, Mapping) else list(v)) for k, v in catalog.items()}
         self.fallbacks = fallbacks
         self.authored = authored
+        self._fit_cache = FitCache()
         self.slot_rules = slot_rules
         self.banned_words = list(banned_words)
         self.temperature, self.top_p, self.top_k = float(temperature), float(top_p), int(top_k)
@@ -795,29 +799,53 @@ class LineGenerator:
         yield from self._yield_fallback(prep, reason, row, stream, attempts=attempt + 1)
 
     def _played(self, prep: _Prepared) -> Line | None:
-        """One of the studio's authored lines for a cell its writers covered
-        (:meth:`runtime.client.authored.AuthoredBook.playable`): the most specific group first,
-        a line this NPC has not said to this player recently, drawn with the request's seed, and
-        none that says a phrase the request's tags rule out (night called daylight). None when
-        the cell is not covered or every line of it was said recently: then the model writes."""
+        """One of the studio's authored lines (:mod:`runtime.client.authored`), or None: then the
+        model writes.
+
+        * The request's cell is covered (:meth:`AuthoredBook.playable`): one of its lines, the
+          most specific group first, finish reason ``authored``.
+        * Else, with a model loaded, the archetype's lines for the same move in the
+          :data:`NEAR_STATES` of the request's state: the model chooses by state fit
+          (:func:`runtime.client.line_fit.state_fit`; one of the three best, drawn with the
+          seed), finish reason ``authored_near``.
+
+        Either way only lines this NPC has not said to this player recently and that say no
+        phrase the request's tags rule out (night called daylight); None when none is left."""
         if self.authored is None:
             return None
         req = prep.req
         closed = {k: v for k, v in (req.context or {}).items() if k in self._catalog["context"]}
-        groups = self.authored.playable(req.npc, req.state, req.intent, req.persona or (), closed,
-                                        slots=prep.slot_values)
+        persona = tuple(req.persona or ())
         rng = np.random.default_rng([prep.seed, 104729])
-        for group in groups:
-            fresh = [ln for ln in group if not self.memory.said_recently(prep.memory_key, ln.text)
-                     and (prep.banned is None or not self.mask.says_banned(ln.text, prep.banned))]
+
+        def usable(group: Sequence[Any]) -> list[Any]:
+            return [ln for ln in group if not self.memory.said_recently(prep.memory_key, ln.text)
+                    and (prep.banned is None or not self.mask.says_banned(ln.text, prep.banned))]
+
+        for group in self.authored.playable(req.npc, req.state, req.intent, persona, closed, slots=prep.slot_values):
+            fresh = usable(group)
             if fresh:
-                raw = fresh[int(rng.integers(len(fresh)))].text
-                self.memory.remember(prep.memory_key, raw)
-                line = Line(fill_slots(raw, prep.slot_values), (), self._ms(prep.t0), None, False, False,
-                            self.active_params_pct, None, None, "authored", raw, prep.seed, 0)
-                self._record(line)
-                return line
-        return None
+                return self._authored_line(prep, fresh[int(rng.integers(len(fresh)))].text, "authored")
+        if self.model is None:
+            return None
+        near = [ln for state in NEAR_STATES.get(req.state, ())
+                for group in self.authored.playable(req.npc, state, req.intent, persona, closed,
+                                                    slots=prep.slot_values)
+                for ln in usable(group)]
+        if not near:
+            return None
+        tok = self.tokenizer
+        own = [tok.encode_prompt(req.npc, persona, ln.state, req.intent, closed)[0] for ln in near]
+        fit = state_fit(self.model, self._fit_cache, prep.ids, own, [[*tok.encode(ln.text), tok.eos_id] for ln in near])
+        best = np.argsort(-fit, kind="stable")[:3]
+        return self._authored_line(prep, near[int(best[int(rng.integers(len(best)))])].text, "authored_near")
+
+    def _authored_line(self, prep: _Prepared, raw: str, reason: str) -> Line:
+        self.memory.remember(prep.memory_key, raw)
+        line = Line(fill_slots(raw, prep.slot_values), (), self._ms(prep.t0), None, False, False,
+                    self.active_params_pct, None, None, reason, raw, prep.seed, 0)
+        self._record(line)
+        return line
 
     def _yield_fallback(self, prep: _Prepared, reason: str, row: _Row | None,
                         stream: bool, attempts: int | None = None) -> Iterator[str | Line]:
@@ -884,7 +912,7 @@ class LineGenerator:
         with self._stats_lock:
             self._counts["lines"] += 1
             self._counts["fallback_lines" if line.fallback
-                         else "authored_lines" if line.finish_reason == "authored" else "model_lines"] += 1
+                         else "authored_lines" if line.finish_reason.startswith("authored") else "model_lines"] += 1
             self._counts["tokens"] += n
             if line.fallback_reason:
                 self._reasons[line.fallback_reason] = self._reasons.get(line.fallback_reason, 0) + 1

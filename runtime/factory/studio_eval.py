@@ -12,12 +12,12 @@ Given a studio's line file (docs/finetune.md's format), the kit:
    nothing there, as far as the model knows) and a seeded sample of the training cells
    (*covered*). A request's persona and context are those of one of the cell's own lines, drawn
    with the seed: that line is the *writers' line* for the request;
-3. reports per side the share of lines served as authored playback, generated and fallback,
+3. reports per side the share of lines served as authored playback (the cell's own lines, or
+   a near state's lines for the move), generated and fallback,
    and the *wrong-move fallbacks*: a fallback that is a studio line written only for moves other
    than the request's (:func:`wrong_move`); the same for the model alone (playback off);
 4. writes a blind sheet: per request, the candidates' distinct texts in a seeded order, with no
-   source — FlashNPC as served, the model alone (covered side only; on the uncovered side
-   it is what is served), the *rule pick* (:meth:`runtime.client.authored.AuthoredBook.rule_pick`
+   source — FlashNPC as served, the model alone (playback off), the *rule pick* (:meth:`runtime.client.authored.AuthoredBook.rule_pick`
    over the training lines: what a game without a model plays back) and the writers' line.
    The rater fills ``rating`` (0 / 1 / 2 as :data:`runtime.factory.blind.RATING_SCALE`) on every
    row and ``best`` (x) on one row per request; the key, beside the sheet, maps each row to its
@@ -124,7 +124,9 @@ def served_figures(lines: Sequence[Any], reqs: Sequence[StudioRequest], new_arch
         out[side] = {
             "requests": n,
             "authored_pct": _pct(sum(ln.finish_reason == "authored" for ln, _ in rows), n),
-            "generated_pct": _pct(sum(not ln.fallback and ln.finish_reason != "authored" for ln, _ in rows), n),
+            "authored_near_pct": _pct(sum(ln.finish_reason == "authored_near" for ln, _ in rows), n),
+            "generated_pct": _pct(sum(not ln.fallback and not ln.finish_reason.startswith("authored")
+                                      for ln, _ in rows), n),
             "fallback_pct": _pct(len(fb), n),
             "wrong_move_fallbacks": sum(wrong_move(ln.raw_text, r.writers.intent, by_text) for ln, r in fb),
             "new_archetype_requests": len(new),
@@ -196,10 +198,8 @@ def run_studio_eval(lines_path: str | Path, out_dir: str | Path, *, base: str | 
         w = r.writers
         rule = book.rule_pick(w.archetype, w.state, w.intent, w.persona, dict(w.context), rng=rng,
                               slots=SLOT_VALUES)
-        cands = {"served": served[i].raw_text, "rule": rule.text if rule is not None else "",
-                 "writers": w.text}
-        if r.side == "covered":
-            cands["model"] = alone[i].raw_text
+        cands = {"served": served[i].raw_text, "model": alone[i].raw_text,
+                 "rule": rule.text if rule is not None else "", "writers": w.text}
         groups.append((r, {k: v for k, v in cands.items() if v}))
     sheet = out / "sheet.csv"
     write_sheet(sheet, groups, seed)

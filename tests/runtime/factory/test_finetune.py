@@ -328,6 +328,24 @@ def test_a_covered_cell_plays_back_the_studios_line_and_the_model_writes_the_gap
         alone.close()
 
 
+def test_a_gap_is_answered_by_the_same_move_in_a_near_state_chosen_by_the_model(tuned):
+    from runtime import LineGenerator
+
+    _, out = tuned
+    gen = LineGenerator.load(out)
+    try:
+        # smuggler/rest/greet: no line; idle (rest's nearest) has a greet
+        near = gen.generate("smuggler", "rest", intent="greet", seed=0, player_id="a")
+        assert near.finish_reason == "authored_near" and near.text.startswith("Caf")
+        # said to this player already, and no other near greet: the model writes
+        assert gen.generate("smuggler", "rest", intent="greet", seed=1, player_id="a").finish_reason \
+            not in ("authored", "authored_near")
+        # combat's near states (alert, flee) have no greet: the model writes
+        assert not gen.generate("smuggler", "combat", intent="greet", seed=0).finish_reason.startswith("authored")
+    finally:
+        gen.close()
+
+
 def test_a_games_own_state_and_intent_and_unicode_lines_go_through_the_whole_chain(tuned):
     from runtime import LineGenerator
     from runtime.client.constraints import read_constraints
