@@ -142,12 +142,35 @@ def build_configs(args: argparse.Namespace) -> tuple[FlashConfig, TrainConfig]:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    # the bar starts before torch loads and the line book is read and split (seconds on 2 cores)
+    with ticking("train: loading torch and the line book", enabled=not args.quiet):
+        code, inputs = _train_inputs(args)
+    if inputs is None:
+        return code
+    return _run_train(args, *inputs)
+
+
+def _train_inputs(args: argparse.Namespace) -> tuple[int, Any]:
+    """(0, (the line book, its split)) or (exit code, None) after printing why."""
     try:
-        import torch
+        import torch  # noqa: F401
     except ModuleNotFoundError:
         print("flashnpc train: error: training needs torch: "
               "pip install torch==2.13.0 && pip install -e '.[train]'", file=sys.stderr)
-        return 2
+        return 2, None
+    from runtime.factory.linebook import LineBookError, load_line_book
+
+    try:
+        book = load_line_book(args.line_book)
+    except (LineBookError, FileNotFoundError) as exc:
+        print(f"flashnpc train: error: {exc}", file=sys.stderr)
+        return 2, None
+    return 0, (book, book.split())
+
+
+def _run_train(args: argparse.Namespace, book: Any, split: Any) -> int:
+    import torch
+
     from runtime.factory.train import train
 
     try:
@@ -166,15 +189,8 @@ def run_train(args: argparse.Namespace) -> int:
     if device == "cpu":
         torch.set_num_threads(args.threads or min(os.cpu_count() or 1, 8))
 
-    from runtime.factory.linebook import LineBookError, load_line_book
     from runtime.tokenizer import Tokenizer, train_tokenizer
 
-    try:
-        book = load_line_book(args.line_book)
-    except (LineBookError, FileNotFoundError) as exc:
-        print(f"flashnpc train: error: {exc}", file=sys.stderr)
-        return 2
-    split = book.split()
     out = Path(args.out)
     # with --json, stdout carries only the JSON object
     note = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
@@ -204,8 +220,9 @@ def run_train(args: argparse.Namespace) -> int:
         tokenizer = Tokenizer.load(tok_path)
         note(f"tokenizer: loaded {tok_path} (vocab {tokenizer.vocab_size})")
     else:
-        tokenizer = train_tokenizer([ex.text for ex in split.train], book.catalog(),
-                                    vocab_size=model_cfg.vocab_size)
+        with ticking("train: tokenizer", enabled=not args.quiet):
+            tokenizer = train_tokenizer([ex.text for ex in split.train], book.catalog(),
+                                        vocab_size=model_cfg.vocab_size)
         note(f"tokenizer: trained on {len(split.train)} training lines (vocab {tokenizer.vocab_size})")
 
     resume = args.resume and (out / "model.pt").exists()
@@ -298,6 +315,8 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     studio.add_argument("--seed", type=int, default=argparse.SUPPRESS)
     studio.add_argument("--epochs", type=float, default=None, help="fine-tune epochs (default: finetune's)")
     studio.add_argument("--steps", type=int, default=None, help="fine-tune steps (overrides --epochs)")
+    studio.add_argument("--replay", type=float, default=None,
+                        help="share of each fine-tune batch drawn from the base line book (default: finetune's)")
     studio.add_argument("--threads", type=int, default=None, help="torch threads for the fine-tune")
     studio.add_argument("--json", type=Path, default=argparse.SUPPRESS, help="also write the report here")
     studio.add_argument("--no-progress", action="store_true", default=argparse.SUPPRESS,
@@ -457,8 +476,8 @@ def _studio(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     try:
-        cfg = FinetuneConfig(seed=args.seed, **({"epochs": args.epochs} if args.epochs is not None else {}),
-                             steps=args.steps)
+        given = {k: v for k, v in (("epochs", args.epochs), ("replay", args.replay)) if v is not None}
+        cfg = FinetuneConfig(seed=args.seed, steps=args.steps, **given)
         report = run_studio_eval(args.lines, args.out, base=args.base, model=getattr(args, "model", None),
                                  share=args.holdout, n_covered=args.covered, seed=args.seed, cfg=cfg,
                                  progress=not args.no_progress)

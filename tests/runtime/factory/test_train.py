@@ -206,3 +206,11 @@ def test_cli_warm_start_refuses_a_book_with_tags_the_model_never_saw(tmp_path, c
     err = capsys.readouterr().err
     assert code == 2
     assert "its tokenizer has no <persona:stern> (" in err and "flashnpc finetune" in err  # stern alone
+
+
+def test_train_shows_progress_before_torch_loads_and_the_book_is_read(tmp_path, capsys):
+    settings = '{"eval_examples": 8, "checkpoint_interval": 1, "batch_size": 4}'
+    assert flashnpc(["train", "--out", str(tmp_path / "run"), "--tiny", "--steps", "1", "--threads", "1",
+                     "--config", settings]) == 0
+    err = capsys.readouterr().err
+    assert err.index("train: loading torch and the line book") < err.index("train: tokenizer")
