@@ -39,12 +39,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from runtime.client.fallback import NEAR_STATES
 
 FORMAT_VERSION = 1
 
@@ -146,6 +148,38 @@ class AuthoredBook:
     def covers(self, archetype: str, state: str, intent: str, persona: Sequence[str] = (),
                context: Mapping[str, str] | None = None, slots: Iterable[str] = ()) -> bool:
         return bool(self.playable(archetype, state, intent, persona, context, slots))
+
+    def choose(self, archetype: str, state: str, intent: str, persona: Sequence[str] = (),
+               context: Mapping[str, str] | None = None, *, slots: Iterable[str] = (),
+               rng: np.random.Generator, usable: Callable[[AuthoredLine], bool] = lambda _ln: True,
+               ) -> AuthoredLine | None:
+        """The cell's line to play back: from the most specific group of :meth:`playable` that
+        holds a ``usable`` line (the caller's checks: not said recently, no banned phrase), one
+        drawn with ``rng``; None when the cell is not covered or nothing in it is usable."""
+        for group in self.playable(archetype, state, intent, persona, context, slots):
+            fresh = [ln for ln in group if usable(ln)]
+            if fresh:
+                return fresh[int(rng.integers(len(fresh)))]
+        return None
+
+    def near(self, archetype: str, state: str, intent: str, persona: Sequence[str] = (),
+             context: Mapping[str, str] | None = None, *, slots: Iterable[str] = (),
+             usable: Callable[[AuthoredLine], bool] = lambda _ln: True) -> list[AuthoredLine]:
+        """For a cell the writers left empty: the archetype's usable lines for the same move in
+        the :data:`runtime.client.fallback.NEAR_STATES` of ``state`` whose criteria the request
+        meets, nearest state first."""
+        slots = tuple(slots)
+        return [ln for near in NEAR_STATES.get(state, ())
+                for group in self.playable(archetype, near, intent, persona, context, slots)
+                for ln in group if usable(ln)]
+
+    @staticmethod
+    def choose_fitting(lines: Sequence[AuthoredLine], fit: np.ndarray, rng: np.random.Generator,
+                       top: int = 3) -> AuthoredLine:
+        """One of the ``top`` lines of best ``fit`` (:func:`runtime.client.line_fit.state_fit`),
+        drawn with ``rng`` (ties keep the nearest state's first)."""
+        best = np.argsort(-np.asarray(fit), kind="stable")[:top]
+        return lines[int(best[int(rng.integers(len(best)))])]
 
     def rule_pick(self, archetype: str, state: str, intent: str, persona: Sequence[str] = (),
                   context: Mapping[str, str] | None = None, *, rng: np.random.Generator,

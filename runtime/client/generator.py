@@ -78,7 +78,7 @@ from runtime.client.constraints import (
     without_broken_bytes,
 )
 from runtime.client.errors import BundleError, ModelLoadError
-from runtime.client.fallback import NEAR_STATES, FallbackBook
+from runtime.client.fallback import FallbackBook
 from runtime.client.line_fit import FitCache, state_fit
 from runtime.client.metrics import EngineMetrics
 from runtime.client.onnx_model import DEFAULT_MODEL_DIR, FlashOnnx, decode_rows
@@ -802,15 +802,14 @@ class LineGenerator:
         """One of the studio's authored lines (:mod:`runtime.client.authored`), or None: then the
         model writes.
 
-        * The request's cell is covered (:meth:`AuthoredBook.playable`): one of its lines, the
-          most specific group first, finish reason ``authored``.
-        * Else, with a model loaded, the archetype's lines for the same move in the
-          :data:`NEAR_STATES` of the request's state: the model chooses by state fit
-          (:func:`runtime.client.line_fit.state_fit`; one of the three best, drawn with the
-          seed), finish reason ``authored_near``.
+        * The request's cell is covered: :meth:`AuthoredBook.choose`, finish reason ``authored``.
+        * Else, with a model loaded, the archetype's lines for the same move in the near states
+          (:meth:`AuthoredBook.near`), the model choosing by state fit
+          (:func:`runtime.client.line_fit.state_fit`, :meth:`AuthoredBook.choose_fitting`),
+          finish reason ``authored_near``.
 
         Either way only lines this NPC has not said to this player recently and that say no
-        phrase the request's tags rule out (night called daylight); None when none is left."""
+        phrase the request's tags rule out (night called daylight)."""
         if self.authored is None:
             return None
         req = prep.req
@@ -818,27 +817,24 @@ class LineGenerator:
         persona = tuple(req.persona or ())
         rng = np.random.default_rng([prep.seed, 104729])
 
-        def usable(group: Sequence[Any]) -> list[Any]:
-            return [ln for ln in group if not self.memory.said_recently(prep.memory_key, ln.text)
-                    and (prep.banned is None or not self.mask.says_banned(ln.text, prep.banned))]
+        def usable(ln: Any) -> bool:
+            return not self.memory.said_recently(prep.memory_key, ln.text) and (
+                prep.banned is None or not self.mask.says_banned(ln.text, prep.banned))
 
-        for group in self.authored.playable(req.npc, req.state, req.intent, persona, closed, slots=prep.slot_values):
-            fresh = usable(group)
-            if fresh:
-                return self._authored_line(prep, fresh[int(rng.integers(len(fresh)))].text, "authored")
+        ask = (req.npc, req.state, req.intent, persona, closed)
+        own = self.authored.choose(*ask, slots=prep.slot_values, rng=rng, usable=usable)
+        if own is not None:
+            return self._authored_line(prep, own.text, "authored")
         if self.model is None:
             return None
-        near = [ln for state in NEAR_STATES.get(req.state, ())
-                for group in self.authored.playable(req.npc, state, req.intent, persona, closed,
-                                                    slots=prep.slot_values)
-                for ln in usable(group)]
+        near = self.authored.near(*ask, slots=prep.slot_values, usable=usable)
         if not near:
             return None
         tok = self.tokenizer
-        own = [tok.encode_prompt(req.npc, persona, ln.state, req.intent, closed)[0] for ln in near]
-        fit = state_fit(self.model, self._fit_cache, prep.ids, own, [[*tok.encode(ln.text), tok.eos_id] for ln in near])
-        best = np.argsort(-fit, kind="stable")[:3]
-        return self._authored_line(prep, near[int(best[int(rng.integers(len(best)))])].text, "authored_near")
+        prompts = [tok.encode_prompt(req.npc, persona, ln.state, req.intent, closed)[0] for ln in near]
+        fit = state_fit(self.model, self._fit_cache, prep.ids, prompts,
+                        [[*tok.encode(ln.text), tok.eos_id] for ln in near])
+        return self._authored_line(prep, AuthoredBook.choose_fitting(near, fit, rng).text, "authored_near")
 
     def _authored_line(self, prep: _Prepared, raw: str, reason: str) -> Line:
         self.memory.remember(prep.memory_key, raw)

@@ -70,6 +70,7 @@ import numpy as np
 import torch
 from prometheus_client import Counter, Gauge, Histogram
 
+from runtime.client.authored import AuthoredBook
 from runtime.client.constraints import (
     RepeatMemory,
     SlotRules,
@@ -81,7 +82,9 @@ from runtime.client.constraints import (
 )
 from runtime.client.fallback import FallbackBook
 from runtime.client.generator import active_params_percent
+from runtime.client.line_fit import FitCache, state_fit
 from runtime.client.metrics import EngineMetrics
+from runtime.client.onnx_model import FlashOnnx
 from runtime.client.repeats import repeated_sentence
 from runtime.client.sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_P
 from runtime.client.trigrams import TrigramTable
@@ -398,7 +401,8 @@ class DialogueService(StartClose):
                  top_p: float = DEFAULT_TOP_P,
                  repeat_window: int = 8, max_resamples: int = 1, min_mean_logprob: float | None = -5.0,
                  name: str = "flash", cpu_threads: int | None = 1, warm_up: bool = True,
-                 prefix_window: PrefixHitWindow | None = None, trigrams: TrigramTable | None = None) -> None:
+                 prefix_window: PrefixHitWindow | None = None, trigrams: TrigramTable | None = None,
+                 authored: AuthoredBook | None = None) -> None:
         if max_queue < 0 or max_sessions < 1 or default_deadline_ms <= 0:
             raise ValueError("DialogueService: need max_queue >= 0, max_sessions >= 1, default_deadline_ms > 0")
         self.engine = engine
@@ -410,6 +414,8 @@ class DialogueService(StartClose):
         self.slot_rules = slot_rules
         self.slot_defaults = dict(slot_defaults or {})
         self.trigrams = trigrams  # a line with a word trigram the book never says is drawn again
+        self.authored = authored  # a fine-tune's studio lines, played back as LineGenerator does
+        self._fit_cache = FitCache()
         self.max_queue, self.max_sessions = max_queue, max_sessions
         self.default_deadline_ms = default_deadline_ms
         self.latency_budget_ms = latency_budget_ms
@@ -477,8 +483,11 @@ class DialogueService(StartClose):
                                     words=words, cuda_graphs=cuda_graphs)
             solo = (BatchedEngine(model, tok, device=device, dtype=dtype, max_batch=1, words=words,
                                   use_block_cache=False) if solo_lane else None)
-        fb = Path(root if model_dir is not None else DEFAULT_MODEL_DIR) / "fallbacks.json"
-        fallbacks = FallbackBook.from_json(fb) if fb.is_file() else FallbackBook.shipped()
+        side = Path(root if model_dir is not None else DEFAULT_MODEL_DIR)
+        fallbacks = (FallbackBook.from_json(side / "fallbacks.json") if (side / "fallbacks.json").is_file()
+                     else FallbackBook.shipped())
+        options.setdefault("authored", AuthoredBook.from_json(side / "authored.json")
+                           if (side / "authored.json").is_file() else None)
         return cls(batched, fallbacks=fallbacks, catalog=tok.catalog, slot_rules=cons.slot_rules,
                    slot_defaults=cons.slot_defaults, solo_engine=solo, trigrams=cons.trigrams,
                    **options)
@@ -605,6 +614,10 @@ class DialogueService(StartClose):
         p = self._prepare(s, intent, context, seed, deadline_ms, max_tokens, critical, batch, on_piece)
         if authored is not None:
             self._finish_fallback(p, authored)
+            return await p.future
+        played = await self._played(p, context)
+        if played is not None:
+            self._finish_authored(p, *played)
             return await p.future
         if not self.breaker.allow(critical):
             self._finish_fallback(p, "breaker_open")
@@ -810,6 +823,48 @@ class DialogueService(StartClose):
         self.metrics.line(fallback=False, reason=None, latency_s=latency / 1e3,
                           ttft_s=None if ttft is None else ttft / 1e3, tokens=len(tokens),
                           router_confidence=line.router_confidence)
+        self._resolve(p, line)
+
+    async def _played(self, p: _Pending, context: Mapping[str, str] | None) -> tuple[str, str] | None:
+        """(text, finish reason) of the studio's line to play back, as
+        :meth:`runtime.client.generator.LineGenerator._played` chooses it: the cell's own
+        (``authored``), else the same move in a near state chosen by state fit
+        (``authored_near``; with the onnxruntime engine, the CPU default, whose graph scores
+        lines; the PyTorch engine goes to the model instead), else None."""
+        if self.authored is None:
+            return None
+        s = p.session
+        closed = {k: v for k, v in {**s.context, **(context or {})}.items() if k not in self._slot_ids}
+        rng = np.random.default_rng([p.seed, 104729])
+        words = self.engine.words
+
+        def usable(ln: Any) -> bool:
+            return not self.memory.said_recently(s.npc_id, ln.text) and not words.says_banned(ln.text, p.banned)
+
+        ask = (s.npc, s.state, p.intent, s.persona, closed)
+        own = self.authored.choose(*ask, slots=p.slot_values, rng=rng, usable=usable)
+        if own is not None:
+            return own.text, "authored"
+        model = getattr(self.engine, "model", None)
+        near = self.authored.near(*ask, slots=p.slot_values, usable=usable) if isinstance(model, FlashOnnx) else []
+        if not near:
+            return None
+        tok = self.tokenizer
+        prompts = [tok.encode_prompt(s.npc, s.persona, ln.state, p.intent, closed)[0] for ln in near]
+        lines = [[*tok.encode(ln.text), tok.eos_id] for ln in near]
+        fit = await asyncio.to_thread(state_fit, model, self._fit_cache, p.ids, prompts, lines)
+        return AuthoredBook.choose_fitting(near, fit, rng).text, "authored_near"
+
+    def _finish_authored(self, p: _Pending, raw: str, finish: str) -> None:
+        self.memory.remember(p.session.npc_id, raw)
+        text = fill_slots(raw, p.slot_values)
+        if p.on_piece is not None:
+            p.shown = text
+            p.on_piece(text)
+        latency = (time.perf_counter() - p.t0) * 1e3
+        line = DialogueLine(p.session.session_id, text, False, None, (), latency, None, finish, p.seed, 0)
+        self.metrics.line(fallback=False, reason=None, latency_s=latency / 1e3, ttft_s=None, tokens=0,
+                          router_confidence=None)
         self._resolve(p, line)
 
     def _finish_fallback(self, p: _Pending, reason: str, res: GenResult | None = None) -> None:

@@ -386,3 +386,20 @@ def test_export_is_refused_when_routing_fails_unless_forced(tiny_model_dir, tmp_
     assert main([*args, "--out", str(tmp_path / "c"), "--force"]) == 0
     assert (tmp_path / "c" / "model.int4.onnx").is_file()
     assert json.loads((tmp_path / "c" / "finetune.json").read_text())["exported"] is True
+
+
+async def test_the_dialogue_service_plays_back_as_the_client_engine_does(tuned):
+    from runtime.serving.dialogue_service import DialogueService
+
+    _, out = tuned
+    async with DialogueService.load(out, engine="ort", warm_up=False) as svc:
+        sid = svc.open_session("quartermaster", state="working", context={"tide": "low"}, npc_id="qm")
+        line = await svc.request_line(sid, "trade", seed=1)
+        assert (line.text, line.finish_reason, line.fallback) == (
+            "Every barrel counted twice, every coin once.", "authored", False)
+        again = await svc.request_line(sid, "trade", seed=2)  # said already: the model writes
+        assert not again.finish_reason.startswith("authored")
+        near = await svc.request_line(svc.open_session("smuggler", state="rest"), "greet", seed=0)
+        assert near.finish_reason == "authored_near" and near.text.startswith("Caf")
+        pieces = [x async for x in svc.stream_line(svc.open_session("smuggler", state="idle"), "greet", seed=0)]
+        assert pieces[0] == pieces[-1].text and pieces[-1].finish_reason == "authored"
