@@ -50,6 +50,10 @@ from runtime.client.fallback import NEAR_STATES
 
 FORMAT_VERSION = 1
 
+FIT_MARGIN = 0.15
+"""Near-state lines whose state fit is within this many nats (mean log-probability per token) of
+the best one's are equally good choices: one of them is drawn, for variety."""
+
 _SLOT = re.compile(r"\{([a-z_]+)\}")
 
 
@@ -175,11 +179,12 @@ class AuthoredBook:
 
     @staticmethod
     def choose_fitting(lines: Sequence[AuthoredLine], fit: np.ndarray, rng: np.random.Generator,
-                       top: int = 3) -> AuthoredLine:
-        """One of the ``top`` lines of best ``fit`` (:func:`runtime.client.line_fit.state_fit`),
-        drawn with ``rng`` (ties keep the nearest state's first)."""
-        best = np.argsort(-np.asarray(fit), kind="stable")[:top]
-        return lines[int(best[int(rng.integers(len(best)))])]
+                       margin: float = FIT_MARGIN) -> AuthoredLine:
+        """One of the lines whose ``fit`` (:func:`runtime.client.line_fit.state_fit`) is within
+        ``margin`` nats of the best, drawn with ``rng``."""
+        fit = np.asarray(fit)
+        close = np.flatnonzero(fit >= fit.max() - margin)
+        return lines[int(close[int(rng.integers(len(close)))])]
 
     def rule_pick(self, archetype: str, state: str, intent: str, persona: Sequence[str] = (),
                   context: Mapping[str, str] | None = None, *, rng: np.random.Generator,

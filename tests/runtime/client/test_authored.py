@@ -93,3 +93,14 @@ def test_a_writers_line_is_judged_by_the_requests_banned_phrases_not_by_the_mode
     assert words.says_banned("Full daylight, and no buyers.", night)  # night called daylight
     assert not words.says_banned("Full daylight, and no buyers.", day)
     assert not words.says_banned("Caf\u00e9 first, haggling after, {player}.", night)  # unknown words are the writer's
+
+
+def test_near_state_lines_answer_the_move_and_the_best_fitting_ones_are_drawn():
+    near = BOOK.near("dockmaster", "idle", "greet")  # idle's near states: friendly, rest, working, patrol
+    assert [ln.text for ln in near] == ["Bay four. Make it quick."]
+    assert BOOK.near("dockmaster", "idle", "farewell")[0].text == "Mind the yellow line."
+    assert BOOK.near("dockmaster", "combat", "farewell") == []  # patrol is of the other temper
+    lines = [AL("a", "idle", "greet", t) for t in ("One.", "Two.", "Three.")]
+    rng = np.random.default_rng(0)
+    drawn = {AuthoredBook.choose_fitting(lines, np.array([-0.1, -0.2, -1.0]), rng).text for _ in range(40)}
+    assert drawn == {"One.", "Two."}  # within 0.15 nats of the best; never the poor fit
