@@ -37,6 +37,7 @@ file and the line's index.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -55,6 +56,12 @@ FIT_MARGIN = 0.15
 the best one's are equally good choices: one of them is drawn, for variety."""
 
 _SLOT = re.compile(r"\{([a-z_]+)\}")
+_WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
+_SENTENCE_END = re.compile(r"[.!?;:]+")
+
+MARK_LINES = 3
+"""A word or word pair *marks* a state when at least this many of the studio's lines say it, all
+written for that state ("on break" for rest, "rounds" for patrol, "take cover" for combat)."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,9 @@ class AuthoredBook:
         for line in self.lines:
             self._cells.setdefault((line.archetype, line.state, line.intent), []).append(line)
             self._by_archetype.setdefault(line.archetype, []).append(line)
+        self.state_marks = _state_marks(self.lines)
+        self._marked = {line: {s for s, marks in self.state_marks.items() if _grams(line.text) & marks}
+                        for line in self.lines}
 
     def __len__(self) -> int:
         return len(self.lines)
@@ -171,11 +181,16 @@ class AuthoredBook:
              usable: Callable[[AuthoredLine], bool] = lambda _ln: True) -> list[AuthoredLine]:
         """For a cell the writers left empty: the archetype's usable lines for the same move in
         the :data:`runtime.client.fallback.NEAR_STATES` of ``state`` whose criteria the request
-        meets, nearest state first."""
+        meets, nearest state first, less those that say a word marking another state
+        (:data:`MARK_LINES`: "I'm on break" is a rest line, never an idle one); of these only
+        the most specific (a line voicing the request's persona trait or context value over an
+        untagged one)."""
         slots = tuple(slots)
-        return [ln for near in NEAR_STATES.get(state, ())
-                for group in self.playable(archetype, near, intent, persona, context, slots)
-                for ln in group if usable(ln)]
+        found = [ln for near in NEAR_STATES.get(state, ())
+                 for group in self.playable(archetype, near, intent, persona, context, slots)
+                 for ln in group if not self._marked[ln] - {state} and usable(ln)]
+        top = max((len(ln.persona) + len(ln.context) for ln in found), default=0)
+        return [ln for ln in found if len(ln.persona) + len(ln.context) == top]
 
     @staticmethod
     def choose_fitting(lines: Sequence[AuthoredLine], fit: np.ndarray, rng: np.random.Generator,
@@ -208,6 +223,32 @@ class AuthoredBook:
             elif score == top:
                 best.append(line)
         return best[int(rng.integers(len(best)))] if best else None
+
+
+def _grams(text: str) -> set[tuple[str, ...]]:
+    """The words and word pairs of ``text``, within its sentences, lower case, slots left out."""
+    out: set[tuple[str, ...]] = set()
+    for sentence in _SENTENCE_END.split(_SLOT.sub(" ", text.lower())):
+        words = _WORD.findall(sentence)
+        out.update((w,) for w in words)
+        out.update(itertools.pairwise(words))
+    return out
+
+
+def _state_marks(lines: Sequence[AuthoredLine]) -> dict[str, set[tuple[str, ...]]]:
+    """Per state, the words and word pairs that mark it (:data:`MARK_LINES`)."""
+    seen: dict[tuple[str, ...], dict[str, int]] = {}
+    for line in lines:
+        for g in _grams(line.text):
+            states = seen.setdefault(g, {})
+            states[line.state] = states.get(line.state, 0) + 1
+    marks: dict[str, set[tuple[str, ...]]] = {}
+    for g, states in seen.items():
+        if len(states) == 1:
+            (state, n), = states.items()
+            if n >= MARK_LINES:
+                marks.setdefault(state, set()).add(g)
+    return marks
 
 
 def _line(item: Any, where: str) -> AuthoredLine:

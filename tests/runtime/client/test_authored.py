@@ -104,3 +104,21 @@ def test_near_state_lines_answer_the_move_and_the_best_fitting_ones_are_drawn():
     rng = np.random.default_rng(0)
     drawn = {AuthoredBook.choose_fitting(lines, np.array([-0.1, -0.2, -1.0]), rng).text for _ in range(40)}
     assert drawn == {"One.", "Two."}  # within 0.15 nats of the best; never the poor fit
+
+
+def test_a_near_state_line_that_says_a_word_marking_its_own_state_is_not_played_for_another():
+    rest = [AL("nurse", "rest", "farewell", t) for t in
+            ("Bye. I'm on break, so shoo.", "On break. Go away.", "Later. Still on break.")]
+    idle = [AL("nurse", "idle", "greet", "Hi. Quiet night.")]
+    book = AuthoredBook([*rest, AL("nurse", "friendly", "farewell", "Take care of that cough."), *idle])
+    assert ("on", "break") in book.state_marks["rest"] and ("break",) in book.state_marks["rest"]
+    # idle farewell: rest is a near state, but its lines say "on break"; friendly's line answers
+    assert [ln.text for ln in book.near("nurse", "idle", "farewell")] == ["Take care of that cough."]
+    assert book.playable("nurse", "rest", "farewell")  # a rest request still plays them
+
+
+def test_near_state_lines_voicing_the_requests_persona_come_before_untagged_ones():
+    book = AuthoredBook([AL("nurse", "rest", "greet", "Hi."),
+                         AL("nurse", "friendly", "greet", "Oh! Hello... sorry, you startled me.", persona=("shy",))])
+    assert [ln.text for ln in book.near("nurse", "idle", "greet", ["shy"])] == ["Oh! Hello... sorry, you startled me."]
+    assert [ln.text for ln in book.near("nurse", "idle", "greet")] == ["Hi."]
