@@ -71,18 +71,21 @@ FORMAT_VERSION = 3
 _READS = (2, 3)
 
 NEAR_STATES: dict[str, tuple[str, ...]] = {
-    "alert": ("patrol", "combat"),
-    "combat": ("flee", "alert"),
+    "alert": ("combat",),
+    "combat": ("flee",),
     "flee": ("combat",),
-    "friendly": ("idle", "rest", "working"),
-    "idle": ("friendly", "rest", "working", "patrol"),
-    "patrol": ("alert", "working", "idle"),
+    "friendly": ("idle",),
+    "idle": ("friendly", "working", "rest", "patrol"),
+    "patrol": ("idle", "working", "alert"),
     "rest": ("idle", "friendly"),
-    "working": ("idle", "friendly", "patrol"),
+    "working": ("idle", "patrol", "friendly"),
 }
-"""For each behaviour state, the states of the same temper whose lines for a move may answer it
-when the state's own cell for the move is empty, nearest first. A state not listed (a game's
-own) has no near states."""
+"""For each behaviour state, the states whose lines for a move may answer it when the state's
+own cell for the move is empty, nearest first. Chosen by blind reading (docs/finetune.md, "Which
+near states"): a studio line for the same move written for one of these states was shipped as
+is for the asked state in 43-100% of readings; an alert NPC answering with a patrol line, a
+friendly one with a rest or working line, a fighting one with an alert line were shipped in
+0-25% and are not listed. A state not listed (a game's own) has no near states."""
 
 Cell = tuple[str, str, str]
 

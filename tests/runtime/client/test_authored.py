@@ -70,14 +70,14 @@ def test_the_file_round_trips_and_a_bad_one_is_named(tmp_path):
 
 
 def test_a_fallback_answers_the_move_from_a_near_state_before_any_other_moves_line():
-    book = FallbackBook({("smuggler", "patrol", "greet"): ["Evening. Keep walking."],
+    book = FallbackBook({("smuggler", "combat", "greet"): ["You? Get down!"],
                          ("smuggler", "alert", "trade"): ["Not now."],
                          ("smuggler", "rest", "greet"): ["Mm? Oh, hello."],
                          ("smuggler", "alert", "any"): ["Quiet."]})
-    # alert's own greet cell is empty: patrol (same temper) answers, not the alert trade line
-    assert book.candidates("smuggler", "alert", "greet") == ("Evening. Keep walking.",)
-    # combat has no greet cell and no near state with one: rest is of the other temper
-    assert book.candidates("smuggler", "combat", "greet") == GENERIC
+    # alert's own greet cell is empty: combat (its near state) answers, not the alert trade line
+    assert book.candidates("smuggler", "alert", "greet") == ("You? Get down!",)
+    # flee has no greet cell and its near state none: rest is of the other temper
+    assert book.candidates("smuggler", "flee", "farewell") == GENERIC
     assert book.candidates("smuggler", "alert", "farewell") == ("Quiet.",)
     assert book.candidates("smuggler", "alert", None) == ("Quiet.",)
 

@@ -87,7 +87,9 @@ def test_an_empty_cell_falls_back_to_a_near_states_move_then_the_any_cell_then_g
     assert book.candidates("guard", "alert", "farewell") == ("Keep back!",)  # no farewell cell in alert's temper
     assert book.candidates("guard", "alert") == ("Keep back!",)
     assert book.candidates("guard", "idle", "greet") == GENERIC  # alert is of the other temper
-    assert book.candidates("guard", "combat", "greet") == ("Who are you?",)  # alert is combat's nearest
+    assert book.candidates("guard", "flee", "greet") == GENERIC  # combat is flee's only near state
+    book = book.replaced({("guard", "combat", "greet"): ["Behind me!"]})
+    assert book.candidates("guard", "flee", "greet") == ("Behind me!",)
     assert book.candidates("guard", "rest", "farewell") == ("Bye.",)  # idle is rest's nearest
     assert book.candidates("guard", "combat", "farewell") == GENERIC
     assert book.candidates("ghost", "alert", "greet") == GENERIC  # never another archetype's

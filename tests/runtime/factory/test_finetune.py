@@ -160,7 +160,7 @@ def test_studio_fallbacks_answer_the_move_the_studio_wrote_for_and_never_another
              sl("smuggler", "alert", "Customs boat. Nobody breathes."),
              sl("smuggler", "alert", "No trade till the boat's gone.", intent="trade"),
              sl("smuggler", "alert", "Sell {item}? Not now.", intent="trade"),
-             sl("smuggler", "patrol", "Evening. Walk on.", intent="greet"),
+             sl("smuggler", "combat", "Evening. Walk on.", intent="greet"),
              sl("smuggler", "alert", "Low water.", intent="greet", context=(("tide", "low"),))]
     cells = ft.studio_fallback_cells(lines)
     assert cells[("smuggler", "alert", "farewell")] == ["Go. Slowly.", "Off with you, then."]  # no trait
@@ -170,7 +170,7 @@ def test_studio_fallbacks_answer_the_move_the_studio_wrote_for_and_never_another
                          ("guard", "alert"): ["Halt!"]})
     book = base.replaced(cells)
     assert book.candidates("smuggler", "alert", "farewell") == ("Go. Slowly.", "Off with you, then.")
-    # greet: no context-free greet in alert; patrol's greet answers (same temper), not the approach line
+    # greet: no context-free greet in alert; combat's greet answers (its near state), not the approach line
     assert book.candidates("smuggler", "alert", "greet") == ("Evening. Walk on.",)
     assert book.candidates("smuggler", "alert", "ask_rumors") == GENERIC  # nothing for the move: generic
     assert "Old line." not in book.candidates("smuggler", "alert", "greet")  # the studio's pair replaced
