@@ -122,3 +122,28 @@ def test_near_state_lines_voicing_the_requests_persona_come_before_untagged_ones
                          AL("nurse", "friendly", "greet", "Oh! Hello... sorry, you startled me.", persona=("shy",))])
     assert [ln.text for ln in book.near("nurse", "idle", "greet", ["shy"])] == ["Oh! Hello... sorry, you startled me."]
     assert [ln.text for ln in book.near("nurse", "idle", "greet")] == ["Hi."]
+
+
+def test_hostile_authored_files_raise_value_error_naming_the_file_or_load():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    leaf = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=8)
+    doc = st.recursive(leaf, lambda inner: st.lists(inner, max_size=4)
+                       | st.dictionaries(st.sampled_from(["version", "lines", "archetype", "state", "intent",
+                                                          "text", "persona", "context", "x"]), inner, max_size=6),
+                       max_leaves=20)
+
+    @settings(max_examples=300, deadline=None, derandomize=True)
+    @given(doc)
+    def check(d):
+        try:
+            book = AuthoredBook.from_doc(d, source="hostile.json")
+        except ValueError as exc:
+            assert str(exc).startswith("hostile.json")
+        else:
+            for line in book.lines:  # what loads is usable
+                book.playable(line.archetype, line.state, line.intent, line.persona, dict(line.context),
+                              line.slots)
+
+    check()
