@@ -450,21 +450,9 @@ def _blind(args: argparse.Namespace) -> int:
 
 
 def _unblind(args: argparse.Namespace) -> int:
-    from runtime.factory.blind import RatingsError, format_summary, read_ratings, summarise
+    from runtime.factory.blind import format_summary, read_ratings, summarise
 
-    try:
-        rated = read_ratings(args.file, args.key)
-    except RatingsError as exc:
-        for problem in exc.problems:
-            print(problem, file=sys.stderr)
-        print(f"flashnpc eval unblind: {len(exc.problems)} problem(s); nothing summarised", file=sys.stderr)
-        return 1
-    summary = summarise(rated)
-    print(format_summary(summary))
-    if getattr(args, "json", None) is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(summary, indent=2))
-    return 0
+    return _summarise_ratings(args, "unblind", lambda: summarise(read_ratings(args.file, args.key)), format_summary)
 
 
 def _studio(args: argparse.Namespace) -> int:
@@ -504,19 +492,27 @@ def _studio(args: argparse.Namespace) -> int:
 
 
 def _unblind_studio(args: argparse.Namespace) -> int:
-    from runtime.factory.blind import RatingsError
     from runtime.factory.studio_eval import format_summary, read_sheet, summarise_sheet
 
+    return _summarise_ratings(args, "unblind-studio", lambda: summarise_sheet(read_sheet(args.file, args.key)),
+                              format_summary)
+
+
+def _summarise_ratings(args: argparse.Namespace, command: str, summary_of: Any, show: Any) -> int:
+    """Print a rated sheet's summary (and write it to --json); every problem of the sheet on
+    stderr, one a line, and exit 1 when it cannot be unblinded."""
+    from runtime.factory.blind import RatingsError
+
     try:
-        rows = read_sheet(args.file, args.key)
+        summary = summary_of()
     except RatingsError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
-        print(f"flashnpc eval unblind-studio: {len(exc.problems)} problem(s); nothing summarised", file=sys.stderr)
+        print(f"flashnpc eval {command}: {len(exc.problems)} problem(s); nothing summarised", file=sys.stderr)
         return 1
-    summary = summarise_sheet(rows)
-    print(format_summary(summary))
+    print(show(summary))
     if getattr(args, "json", None) is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(summary, indent=2))
     return 0
 
