@@ -315,6 +315,8 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     studio.add_argument("--seed", type=int, default=argparse.SUPPRESS)
     studio.add_argument("--epochs", type=float, default=None, help="fine-tune epochs (default: finetune's)")
     studio.add_argument("--steps", type=int, default=None, help="fine-tune steps (overrides --epochs)")
+    studio.add_argument("--mode", choices=("adapters", "full"), default=None,
+                        help="fine-tune mode (default: finetune's, adapters)")
     studio.add_argument("--replay", type=float, default=None,
                         help="share of each fine-tune batch drawn from the base line book (default: finetune's)")
     studio.add_argument("--threads", type=int, default=None, help="torch threads for the fine-tune")
@@ -464,7 +466,8 @@ def _studio(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     try:
-        given = {k: v for k, v in (("epochs", args.epochs), ("replay", args.replay)) if v is not None}
+        given = {k: v for k, v in (("epochs", args.epochs), ("replay", args.replay), ("mode", args.mode))
+                 if v is not None}
         cfg = FinetuneConfig(seed=args.seed, steps=args.steps, **given)
         report = run_studio_eval(args.lines, args.out, base=args.base, model=getattr(args, "model", None),
                                  share=args.holdout, n_covered=args.covered, seed=args.seed, cfg=cfg,
