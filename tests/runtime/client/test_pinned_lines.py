@@ -8,8 +8,15 @@ v3.3 and its book's constraints, session 10; model v3.4, its book's constraints 
 repeated-sentence rule, session 12): for 320 (request, seed) pairs on the shipped model — the bench's village requests
 with 24 tokens forced (the redraw path) and requests of every prompt shape with the default
 budget, greedy and sampled — the line's text, tokens, attempts and finish reason, and a digest
-of every logits row after ``mask_logits`` (the masks and the voice bonus, bit for bit). An
-optimisation of the constraints must leave all of them unchanged.
+of what ``mask_logits`` did to every logits row (which tokens it masked, and what it added to the
+others: the voice bonus, to 1e-4). An optimisation of the constraints must leave all of them
+unchanged.
+
+**Across machines.** onnxruntime picks its kernels by CPU, so the model's logits differ in their
+last bits between machines (session 13: every row between session 12's Intel Xeon and an AMD
+EPYC), and a sampled token at a near tie can flip: 4 of 320 lines on that pair. The digest is of
+the masks, not of the logits, and up to :data:`FLIPS` lines may differ; every line that does not
+must have the same tokens and masks. A change to the constraints moves far more than that.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ import pytest
 from runtime.client.generator import LineGenerator, LineRequest
 
 FIXTURE = Path(__file__).parent / "data" / "pinned_lines.json"
+FLIPS = 8
+"""Lines that may differ from the fixture on another machine (a sampled near tie, see above)."""
 
 
 def pinned_requests(gen: LineGenerator) -> list[LineRequest]:
@@ -59,8 +68,11 @@ def generate_pinned(gen: LineGenerator) -> list[dict[str, Any]]:
     inner = gen.mask.mask_logits
 
     def mask_logits(row: np.ndarray, state: Any, **kw: Any) -> None:
+        raw = row.copy()
         inner(row, state, **kw)
-        digest.update(np.ascontiguousarray(row, dtype=np.float32).tobytes())
+        masked = np.isneginf(row)
+        added = np.where(masked, 0.0, np.round((row - raw).astype(np.float64), 4))
+        digest.update(np.packbits(masked).tobytes() + added.tobytes())
 
     gen.mask.mask_logits = mask_logits  # type: ignore[method-assign]
     try:
@@ -86,9 +98,11 @@ def test_the_shipped_engine_writes_the_pinned_lines_byte_for_byte(pinned: list[d
     diff = [(i, want["text"], line["text"]) for i, (want, line) in enumerate(zip(pinned, got))
             if {k: line[k] for k in ("text", "tokens", "attempts", "finish", "fallback")}
             != {k: want[k] for k in ("text", "tokens", "attempts", "finish", "fallback")}]
-    assert not diff, f"{len(diff)} of 320 lines changed, first: {diff[:3]}"
-    masked = [i for i, (want, line) in enumerate(zip(pinned, got)) if want["masked"] != line["masked"]]
-    assert not masked, f"the masked logits rows of {len(masked)} lines changed (first: {masked[:5]})"
+    assert len(diff) <= FLIPS, f"{len(diff)} of 320 lines changed, first: {diff[:3]}"
+    flipped = {i for i, _, _ in diff}
+    masked = [i for i, (want, line) in enumerate(zip(pinned, got))
+              if i not in flipped and want["masked"] != line["masked"]]
+    assert not masked, f"the masks of {len(masked)} lines changed (first: {masked[:5]})"
 
 
 def test_the_pinned_lines_exercise_redraws_fallbacks_and_every_budget(pinned: list[dict[str, Any]]) -> None:
@@ -100,4 +114,5 @@ def test_the_pinned_lines_exercise_redraws_fallbacks_and_every_budget(pinned: li
 if __name__ == "__main__":
     if sys.argv[1:] != ["--write"]:
         raise SystemExit("usage: python -m tests.runtime.client.test_pinned_lines --write")
-    FIXTURE.write_text(json.dumps({"commit": "52ea119 + bigrams + trigrams; model v3.3 (6175c49)", "lines": generate_pinned(LineGenerator.load())}) + "\n")
+    FIXTURE.write_text(json.dumps({"commit": "model v3.4 (b3cff87); masks digest of session 13, AMD EPYC",
+                                   "lines": generate_pinned(LineGenerator.load())}) + "\n")
