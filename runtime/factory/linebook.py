@@ -748,12 +748,29 @@ class LineBook:
                 )
 
     def _read_fragments(self, raw: _Raw) -> None:
-        # persona moods
+        """Every section of templates and settings, in the order they depend on each other."""
+        self._read_moods()
+        self._read_leads()
+        self._read_context_fragments()
+        self._read_archetype_voices()
+        self._read_phrases(raw)
+        self._read_own_lines(raw)
+        self._read_whole_replies(raw)
+        self._read_replies(raw)
+        self._read_compose(raw)
+        self._read_expansion(raw)
+        self._read_heldout_pairs(raw)
+        self._read_fallbacks(raw)
+
+    def _read_moods(self) -> None:
+        """Persona moods."""
         self._moods: dict[str, dict[str, list[_Source]]] = {}
         for name in self.persona_traits:
             rd, value, f = self._trait_nodes[name]
             self._moods[name] = self._tone_lists(rd, value, f, set())
-        # state leads
+
+    def _read_leads(self) -> None:
+        """State leads."""
         self._leads: dict[str, list[_Source]] = {}
         self._codas: dict[str, list[_Source]] = {}
         for name in self.states:
@@ -766,7 +783,9 @@ class LineBook:
             codas = [v for k, _kn, v in rd.mapping(value, f) if k == "codas"]
             self._codas[name] = self._templates(rd, codas[0], f"{f}.codas", marks="fit") if codas else []
             self._check_slots(self._codas[name], self._state_slots[name])
-        # context fragments
+
+    def _read_context_fragments(self) -> None:
+        """Context fragments."""
         self._ctx_frags: dict[tuple[str, str], dict[str, list[_Source]]] = {}
         self._implies: dict[tuple[str, str], list[str]] = {}
         for slot in self.context:
@@ -790,7 +809,9 @@ class LineBook:
                         )
                 self._implies[(slot, vname)] = implies
                 self._ctx_frags[(slot, vname)] = self._tone_lists(rd, vnode, vf, set())
-        # archetypes: slots, voice groups, tags
+
+    def _read_archetype_voices(self) -> None:
+        """Archetypes: slots, voice groups, tags."""
         self._voice: dict[str, dict[str, list[_Source]]] = {}
         self._voice_where: dict[str, _Where] = {}
         self._tags: dict[str, dict[str, list[_Source]]] = {}
@@ -827,7 +848,9 @@ class LineBook:
                 self._tags[name] = self._tone_lists(rd, fields["tags"][1], f"{f}.tags", slots)
             else:
                 self._tags[name] = {t: [] for t in TONES}
-        # shared phrase groups: [name] usable in any template
+
+    def _read_phrases(self, raw: _Raw) -> None:
+        """Shared phrase groups: [name] usable in any template."""
         self._phrases: dict[str, list[_Source]] = {}
         for rd, name, key, value in self._entries(raw, "phrases"):
             f = f"phrases.{name}"
@@ -840,7 +863,9 @@ class LineBook:
             srcs = self._templates(rd, value, f)
             self._check_slots(srcs, set())
             self._phrases[name] = srcs
-        # own lines: archetype -> state -> templates in that archetype's voice
+
+    def _read_own_lines(self, raw: _Raw) -> None:
+        """Own lines: archetype -> state -> templates in that archetype's voice."""
         self._own: dict[tuple[str, str], list[_Source]] = {}
         # an own line answers no particular intent, so it may use the slots every intent allows
         every_intent = set.intersection(*(set(v) for v in self._intent_slots.values()))
@@ -854,13 +879,17 @@ class LineBook:
                     raise src.where.error(
                         f"own lines may only use the archetype's voice groups; [{sorted(bad)[0]}] is not one")
             self._own[(arch, state)] = srcs
-        # whole replies: archetype / persona trait -> state -> intent -> templates
+
+    def _read_whole_replies(self, raw: _Raw) -> None:
+        """Whole replies: archetype / persona trait -> state -> intent -> templates."""
         every_voice = set.intersection(*(set(self._voice[a]) for a in self.archetypes))
         self._own_replies = self._read_cells(raw, "own_replies", ("archetype", self.archetypes),
                                              lambda arch: set(self._voice[arch]), lambda arch: self._arch_slots[arch])
         self._trait_replies = self._read_cells(raw, "trait_replies", ("persona trait", self.persona_traits),
                                                lambda _trait: every_voice, lambda _trait: set())
-        # replies: state -> intent -> templates
+
+    def _read_replies(self, raw: _Raw) -> None:
+        """Replies: state -> intent -> templates."""
         self._replies: dict[tuple[str, str], list[_Source]] = {}
         for rd, state, intent, ikey, inode, f in self._nested(raw, "replies", ("state", self.states),
                                                               ("intent", self.intents)):
@@ -878,7 +907,9 @@ class LineBook:
                         f"replies.{state}.{intent}",
                         "no replies for this state and intent",
                     )
-        # compose patterns
+
+    def _read_compose(self, raw: _Raw) -> None:
+        """Compose patterns."""
         self._patterns: list[_Pattern] = []
         for rd, node in raw.lists.get("compose", []):
             for i, item in enumerate(rd.seq(node, "compose")):
@@ -931,7 +962,9 @@ class LineBook:
                                  | p.fit.only_states)
                     raise where.error(f"no compose pattern may be drawn for state {state!r} and intent {intent!r} "
                                       "(not_with / only_with exclude every one for its tone)")
-        # expansion settings
+
+    def _read_expansion(self, raw: _Raw) -> None:
+        """Expansion settings."""
         self.per_condition = 100
         self.max_words = 24
         self.min_words = 3
@@ -950,7 +983,9 @@ class LineBook:
                 raise rd.fail(
                     key, f, "unknown field; known: per_condition, max_words, min_words, seed"
                 )
-        # held-out pairs
+
+    def _read_heldout_pairs(self, raw: _Raw) -> None:
+        """Held-out pairs."""
         self.heldout_pairs: list[tuple[str, str]] = []
         for rd, node in raw.lists.get("heldout_pairs", []):
             for i, item in enumerate(rd.seq(node, "heldout_pairs")):
@@ -966,6 +1001,9 @@ class LineBook:
                 if (arch, state) in self.heldout_pairs:
                     raise rd.fail(item, f, "duplicate held-out pair")
                 self.heldout_pairs.append((arch, state))
+
+    def _read_fallbacks(self, raw: _Raw) -> None:
+        """Fallbacks."""
         # fallbacks: state -> cell, or archetype -> state -> cell; a cell is a list of
         # templates (voice groups allowed; the state's intent-neutral lines) or a mapping of
         # ``any`` and intents to lists (FallbackBook's cells; docs/linebook.md, "fallbacks")
