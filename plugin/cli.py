@@ -45,6 +45,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "train": ("runtime.cli", "train", "train the Flash line model"),
     "eval": ("runtime.cli", "eval", "evaluate a Flash model"),
     "finetune": ("runtime.cli", "finetune", "fine-tune a Flash model on a studio's own lines"),
+    "linebook": ("runtime.cli", "linebook", "the line book: check one (lint), its JSON Schema for editors"),
     "export": ("mobile_export.cli", "export",
                "export a model: onnx (checkpoint -> INT4 model), mobile (bundle), client (packaged "
                "demo), genai (onnxruntime-genai folder)"),

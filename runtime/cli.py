@@ -577,6 +577,46 @@ def run_export_onnx(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- flashnpc finetune
 
+def add_linebook_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="linebook_command", metavar="{lint,schema}")
+    lint = sub.add_parser("lint", help="load a line book and list what a writer should look at",
+                          description="Load and validate a line book (default: the shipped one); print every "
+                                      "lint problem (the fragments' FILE:LINE, the problem, the line), one a "
+                                      "line. Exit 1 on a load error (FILE:LINE: FIELD: what), 0 otherwise.")
+    lint.add_argument("book", type=Path, nargs="?", default=None, help="a YAML file or a directory of them")
+    lint.add_argument("--json", action="store_true", help="the problems as a JSON list")
+    sub.add_parser("schema", help="print the JSON Schema of a line book file (for YAML editors)",
+                   description="Print the JSON Schema (draft 2020-12) of one line book file, from the format "
+                               "table of runtime/factory/linebook/schema.py.")
+
+
+def run_linebook(args: argparse.Namespace) -> int:
+    command = getattr(args, "linebook_command", None)
+    if command == "schema":
+        from runtime.factory.linebook.schema import json_schema
+
+        print_json(json_schema())
+        return 0
+    if command != "lint":
+        args._parser.print_help()
+        return 2
+    from runtime.factory.linebook import LineBookError, load_line_book
+
+    try:
+        book = load_line_book(args.book)
+    except LineBookError as exc:
+        print(f"flashnpc linebook lint: {exc}", file=sys.stderr)
+        return 1
+    problems = book.lint()
+    if args.json:
+        print_json([{"sources": list(p.sources), "problem": p.problem, "text": p.text} for p in problems])
+    else:
+        for p in problems:
+            print(p)
+        print(f"{len(problems)} problem(s) in {args.book or 'the shipped line book'}", file=sys.stderr)
+    return 0
+
+
 def add_finetune_arguments(parser: argparse.ArgumentParser) -> None:
     """``flashnpc finetune``'s flags, defined with the fine-tuner (:mod:`runtime.factory.finetune`)."""
     from runtime.factory.finetune import add_arguments
