@@ -142,30 +142,35 @@ def build_configs(args: argparse.Namespace) -> tuple[FlashConfig, TrainConfig]:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    try:  # what is wrong with the flags is said at once, before anything slow
+        load_overrides(args.config)
+        if args.line_book is not None and not Path(args.line_book).exists():
+            raise ValueError(f"--line-book {args.line_book}: no such file or directory")
+    except ValueError as exc:
+        print(f"flashnpc train: error: {exc}", file=sys.stderr)
+        return 2
     # the bar starts before torch loads and the line book is read and split (seconds on 2 cores)
     with ticking("train: loading torch and the line book", enabled=not args.quiet):
-        code, inputs = _train_inputs(args)
-    if inputs is None:
-        return code
+        inputs = _train_inputs(args)
+    if isinstance(inputs, str):  # after the bar has closed its line
+        print(f"flashnpc train: error: {inputs}", file=sys.stderr)
+        return 2
     return _run_train(args, *inputs)
 
 
-def _train_inputs(args: argparse.Namespace) -> tuple[int, Any]:
-    """(0, (the line book, its split)) or (exit code, None) after printing why."""
+def _train_inputs(args: argparse.Namespace) -> tuple[Any, Any] | str:
+    """(the line book, its split), or what stops the training."""
     try:
         import torch  # noqa: F401
     except ModuleNotFoundError:
-        print("flashnpc train: error: training needs torch: "
-              "pip install torch==2.13.0 && pip install -e '.[train]'", file=sys.stderr)
-        return 2, None
+        return "training needs torch: pip install torch==2.13.0 && pip install -e '.[train]'"
     from runtime.factory.linebook import LineBookError, load_line_book
 
     try:
         book = load_line_book(args.line_book)
     except (LineBookError, FileNotFoundError) as exc:
-        print(f"flashnpc train: error: {exc}", file=sys.stderr)
-        return 2, None
-    return 0, (book, book.split())
+        return str(exc)
+    return book, book.split()
 
 
 def _run_train(args: argparse.Namespace, book: Any, split: Any) -> int:
