@@ -35,7 +35,8 @@ def test_json_prints_the_report_and_nothing_else_on_stdout(tiny_model_dir, tmp_p
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--lines", "{bad}"], "{bad}: 2 bad row(s) {bad}:3: state: 'dancing' is not a state of the base model"),
+    (["--lines", "{bad}"], "{bad}: 2 bad row(s) {bad}:3: state: 'patrols' is not one of the base model's states; "
+                           "did you mean 'patrol'?"),
     (["--lines", "{missing}"], "{missing}: no such file"),
     (["--lines", "{good}", "--replay", "1.5"], "--replay must be in [0, 1), got 1.5"),
     (["--lines", "{good}", "--steps", "0"], "--steps must be >= 1, got 0"),
@@ -44,7 +45,7 @@ def test_json_prints_the_report_and_nothing_else_on_stdout(tiny_model_dir, tmp_p
 ])
 def test_bad_input_is_one_error_line_naming_what_and_where(tiny_model_dir, tmp_path, capsys, args, message):
     bad = tmp_path / "bad.csv"
-    bad.write_text("archetype,state,line\nsmuggler,friendly,Fine.\nsmuggler,dancing,Fine.\n,idle,Nobody.\n")
+    bad.write_text("archetype,state,line\nsmuggler,friendly,Fine.\nsmuggler,patrols,Fine.\n,idle,Nobody.\n")
     good = tmp_path / "good.csv"
     good.write_text(ROWS)
     names = {"bad": bad, "good": good, "missing": tmp_path / "missing"}

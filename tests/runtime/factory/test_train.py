@@ -147,15 +147,25 @@ def test_learning_rate_warms_up_then_decays_to_min_lr():
     assert lrs[100] == pytest.approx(1e-4)
 
 
-def test_cli_trains_tiny_model_and_resume_reuses_the_tokenizer(tmp_path, capsys):
+def test_cli_trains_tiny_model_and_resume_reuses_the_tokenizer(tmp_path, capsys, monkeypatch):
+    import runtime.cli
+
     out = tmp_path / "run"
     settings = '{"eval_examples": 16, "checkpoint_interval": 2, "batch_size": 4}'
+    shown: list[tuple[str, bool]] = []
+    ticking = runtime.cli.ticking
+
+    def recorded(desc: str, *, enabled: bool = True, **kw):
+        shown.append((desc, enabled))
+        return ticking(desc, enabled=enabled, **kw)
+
+    monkeypatch.setattr(runtime.cli, "ticking", recorded)
     assert flashnpc(["train", "--out", str(out), "--tiny", "--steps", "3", "--threads", "1",
                      "--config", settings]) == 0
     printed = capsys.readouterr()
     assert "tokenizer: trained" in printed.out
-    # progress from the first second: before torch loads and the book is read, then the tokenizer
-    assert printed.err.index("train: loading torch and the line book") < printed.err.index("train: tokenizer")
+    # progress from the first second: a bar while torch loads and the book is read, then the tokenizer's
+    assert shown == [("train: loading torch and the line book", True), ("train: tokenizer", True)]
     tokenizer_text = (out / "tokenizer.json").read_text()
     assert json.loads((out / "config.json").read_text())["n_embd"] == 64
     assert flashnpc(["train", "--out", str(out), "--tiny", "--steps", "4", "--quiet", "--threads", "1", "--resume",

@@ -207,9 +207,12 @@ async def test_under_the_hit_rate_non_essential_sessions_get_the_fallback_model_
         assert lines_of(router, "base") == base_before + 1
         # non-essential, an archetype the base does not know: the pirate model's authored line
         pirate_before = pirate.metrics.value("flashnpc_generation_tokens_total")
-        got = await line(peer, 201, smug)
+        got = await line(peer, 201, smug, intent="approach")
         assert got["fallback"] and got["fallback_reason"] == "capacity" and got["served_by"] == "authored"
         assert got["text"] == "Keep your voice down and your purse open." and got["tokens"] == 0
+        # the studio wrote that line for approach: a greeting gets a generic line, never it
+        got = await line(peer, 204, smug)
+        assert got["fallback_reason"] == "capacity" and got["text"] in ("...", "Hm.")
         assert pirate.metrics.value("flashnpc_generation_tokens_total") == pirate_before
         # essential: the full model, always
         got = await line(peer, 202, vip)
