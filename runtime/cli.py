@@ -492,6 +492,9 @@ def _studio(args: argparse.Namespace) -> int:
                   f"generated {f['generated_pct']}%, fallback {f['fallback_pct']}% "
                   f"(new archetypes {f['new_archetype_fallback_pct']}%), wrong-move fallbacks "
                   f"{f['wrong_move_fallbacks']}")
+    todo = report["unwritten_cells"]
+    print(f"cells the file does not write: {len(todo)}" + (f" (report.json lists them; first: {', '.join(todo[:3])})"
+                                                           if todo else ""))
     print(f"blind sheet -> {report['sheet']} (key beside it; keep it from the raters); "
           f"then: flashnpc eval unblind-studio {report['sheet']}")
     if getattr(args, "json", None) is not None:

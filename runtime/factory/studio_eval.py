@@ -96,6 +96,17 @@ def draw_requests(lines: Sequence[StudioLine], held: set[Cell], n_covered: int, 
     return out
 
 
+def unwritten_cells(lines: Sequence[StudioLine], catalog: dict[str, Any]) -> list[str]:
+    """The writers' to-do list: every (archetype, state, intent) of the file's archetypes, over
+    the base's states and intents and the file's own, that no line of the file covers (the
+    engine answers those from near states, the model or a fallback), as ``archetype/state/intent``."""
+    states = list(dict.fromkeys([*catalog["states"], *(ln.state for ln in lines)]))
+    intents = list(dict.fromkeys([*catalog["intents"], *(ln.intent for ln in lines)]))
+    written = {(ln.archetype, ln.state, ln.intent) for ln in lines}
+    archetypes = list(dict.fromkeys(ln.archetype for ln in lines))
+    return [f"{a}/{s}/{i}" for a in archetypes for s in states for i in intents if (a, s, i) not in written]
+
+
 def wrong_move(text: str, intent: str, by_text: dict[str, set[str]]) -> bool:
     """A fallback answers another move: ``text`` is a studio line and the studio wrote it only
     for moves other than ``intent``. The generic lines and the base's own lines are no studio
@@ -167,7 +178,8 @@ def run_studio_eval(lines_path: str | Path, out_dir: str | Path, *, base: str | 
     report: dict[str, Any] = {"lines": str(lines_path), "seed": seed, "holdout_share": share,
                               "counts": {"lines": len(lines), "train_lines": len(train),
                                          "cells": len({(ln.archetype, ln.state, ln.intent) for ln in lines}),
-                                         "heldout_cells": len(held)}}
+                                         "heldout_cells": len(held)},
+                              "unwritten_cells": unwritten_cells(lines, catalog)}
     if model is None:
         model = out / "model"
         ft = finetune(base_dir, train_file, model, cfg, progress=progress)

@@ -37,6 +37,15 @@ def test_requests_take_the_tags_of_one_of_their_cells_lines():
     assert "the player: greet" in reqs[0].describe() or "the player:" in reqs[0].describe()
 
 
+def test_the_cells_a_file_does_not_write_are_listed_for_the_writers():
+    cat = {"states": ["alert", "idle", "working"], "intents": ["greet", "trade", "farewell"]}
+    lines = [*LINES, SL("smuggler", "drunk", "Hic.", intent="wave")]
+    todo = se.unwritten_cells(lines, cat)
+    assert "smuggler/drunk/greet" in todo and "smuggler/alert/wave" in todo  # the file's own names count
+    assert "smuggler/alert/greet" not in todo and "smuggler/drunk/wave" not in todo
+    assert len(todo) == 4 * 4 - 9 - 1
+
+
 def test_a_fallback_written_only_for_another_move_is_a_wrong_move():
     by_text = {"Go away.": {"threaten"}, "Hello there.": {"greet", "approach"}}
     assert se.wrong_move("Go away.", "greet", by_text)
