@@ -42,7 +42,14 @@ import numpy as np
 
 from runtime.client.fallback import GENERIC
 from runtime.factory.blind import RATING_SCALE, RATINGS, RatingsError
-from runtime.factory.finetune import FinetuneConfig, StudioLine, authored_book, finetune, read_lines
+from runtime.factory.finetune import (
+    FinetuneConfig,
+    StudioLine,
+    authored_book,
+    finetune,
+    read_lines,
+    read_studio_lines,
+)
 
 SOURCES = ("served", "model", "rule", "writers")
 """Who a sheet row's line comes from: FlashNPC as served (playback where covered), the fine-tuned
@@ -186,6 +193,11 @@ def run_studio_eval(lines_path: str | Path, out_dir: str | Path, *, base: str | 
         report["finetune"] = {k: ft.get(k) for k in ("steps", "train_s", "wall_s", "exported")}
         report["finetune"]["router_ratio"] = ft["router_confidence"]["ratio"]
     else:
+        trained = read_studio_lines(model)
+        if trained is None or {ln.text for ln in trained} != {ln.text for ln in train}:
+            raise ValueError(f"--model {model}: not a fine-tune of this file's training cells at --seed {seed} "
+                             f"(its studio_lines.jsonl differs from {train_file}): its held-out cells would "
+                             "not be held out")
         report["finetune"] = {"reused": str(model)}
     reqs = draw_requests(lines, held, n_covered, seed)
     base_archetypes = set(catalog["archetypes"])

@@ -120,3 +120,10 @@ def test_the_kit_fine_tunes_on_the_covered_cells_and_reports_both_sides(tiny_mod
     key = json.loads(se.sheet_key(sheet).read_text())["rows"]
     assert {s for row in key.values() for s in row["sources"]} == {"served", "model", "rule", "writers"}
     assert json.loads((tmp_path / "out" / "report.json").read_text())["seed"] == 0
+    # a later sitting reuses the fine-tune; another seed's split would leak its held-out cells
+    again = se.run_studio_eval(lines, tmp_path / "again", base=tiny_model_dir, model=tmp_path / "out" / "model",
+                               share=0.34, n_covered=3, seed=0, progress=False)
+    assert again["finetune"] == {"reused": str(tmp_path / "out" / "model")}
+    with pytest.raises(ValueError, match="not a fine-tune of this file's training cells"):
+        se.run_studio_eval(lines, tmp_path / "other", base=tiny_model_dir, model=tmp_path / "out" / "model",
+                           share=0.34, n_covered=3, seed=5, progress=False)
