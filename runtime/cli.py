@@ -593,9 +593,10 @@ def add_linebook_arguments(parser: argparse.ArgumentParser) -> None:
                                       "line. Exit 1 on a load error (FILE:LINE: FIELD: what), 0 otherwise.")
     lint.add_argument("book", type=Path, nargs="?", default=None, help="a YAML file or a directory of them")
     lint.add_argument("--json", action="store_true", help="the problems as a JSON list")
-    sub.add_parser("schema", help="print the JSON Schema of a line book file (for YAML editors)",
-                   description="Print the JSON Schema (draft 2020-12) of one line book file, from the format "
-                               "table of runtime/factory/linebook/schema.py.")
+    schema = sub.add_parser("schema", help="the JSON Schema of a line book file (for YAML editors)",
+                            description="Print (or write to --out) the JSON Schema (draft 2020-12) of one line "
+                                        "book file, from the format table of runtime/factory/linebook/schema.py.")
+    schema.add_argument("--out", type=Path, default=None, help="write it to this file instead of stdout")
 
 
 def run_linebook(args: argparse.Namespace) -> int:
@@ -603,7 +604,11 @@ def run_linebook(args: argparse.Namespace) -> int:
     if command == "schema":
         from runtime.factory.linebook.schema import json_schema
 
-        print_json(json_schema())
+        if args.out is None:
+            print_json(json_schema())
+        else:
+            args.out.write_text(json.dumps(json_schema(), indent=2) + "\n")
+            print(f"JSON Schema of a line book file -> {args.out}")
         return 0
     if command != "lint":
         args._parser.print_help()

@@ -6,7 +6,7 @@ top-level section, what it holds and its shape. :func:`json_schema` turns it int
 section and field names and flag a misspelt field or a string where a list goes while the writer
 types::
 
-    flashnpc linebook schema > linebook.schema.json
+    flashnpc linebook schema --out linebook.schema.json
     # in a YAML file:  # yaml-language-server: $schema=./linebook.schema.json
 
 The schema checks shapes and names only. What needs the whole book (a group every archetype

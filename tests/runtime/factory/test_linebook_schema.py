@@ -48,6 +48,9 @@ def test_a_writers_slip_is_flagged_where_it_is(doc, path):
 def test_flashnpc_linebook_prints_the_schema_and_lints_a_book(tmp_path, capsys):
     assert main(["linebook", "schema"]) == 0
     assert json.loads(capsys.readouterr().out)["title"] == "FlashNPC line book file"
+    assert main(["linebook", "schema", "--out", str(tmp_path / "s.json")]) == 0
+    assert json.loads((tmp_path / "s.json").read_text()) == json_schema()
+    capsys.readouterr()
     bad = tmp_path / "bad.yaml"
     bad.write_text("slots: [player]\narchetypes:\n  guard:\n    voise: {}\n")
     assert main(["linebook", "lint", str(bad)]) == 1
