@@ -503,13 +503,12 @@ class LineGenerator:
         out: list[Line | None] = [None] * len(preps)
         batched: list[int] = []
         for i, p in enumerate(preps):
-            played = self._played(p)
-            if played is not None:
+            if not (p.req.batch and self.model is not None and not self._expired(p)):
+                out[i] = self._serve(p)  # plays back, decodes or falls back on its own
+            elif (played := self._played(p)) is not None:
                 out[i] = played
-            elif p.req.batch and self.model is not None and not self._expired(p):
-                batched.append(i)
             else:
-                out[i] = self._serve(p)
+                batched.append(i)
         # similar lengths together keeps the padding small
         batched.sort(key=lambda i: (len(preps[i].ids), preps[i].prefix_len))
         for start in range(0, len(batched), max_batch):
