@@ -5,7 +5,7 @@ tests.runtime.client.test_pinned_lines --write``) at 52ea119, before any of the 
 speed-ups, and written again when the shipped constraints gained the book's word bigrams (a
 change of what lines may say, not an optimisation), and again for each shipped model since (model
 v3.3 and its book's constraints, session 10; model v3.4, its book's constraints and the
-repeated-sentence rule, session 12): for 320 (request, seed) pairs on the shipped model — the bench's village requests
+repeated-sentence rule, session 12; model v5 and book v5's constraints, session 14): for 320 (request, seed) pairs on the shipped model — the bench's village requests
 with 24 tokens forced (the redraw path) and requests of every prompt shape with the default
 budget, greedy and sampled — the line's text, tokens, attempts and finish reason, and a digest
 of what ``mask_logits`` did to every logits row (which tokens it masked, and what it added to the
