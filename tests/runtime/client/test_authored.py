@@ -3,6 +3,8 @@ the rule pick FlashNPC is measured against, and the file format's errors."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 
 import numpy as np
@@ -87,7 +89,12 @@ def test_a_writers_line_is_judged_by_the_requests_banned_phrases_not_by_the_mode
     from runtime.paths import DEFAULT_MODEL_DIR
     from runtime.tokenizer import Tokenizer
 
-    words = read_constraints(DEFAULT_MODEL_DIR).word_constraint(Tokenizer.load(DEFAULT_MODEL_DIR))
+    shipped = read_constraints(DEFAULT_MODEL_DIR)
+    # a fine-tune's vocabulary holds the studio's words; the default book's whole lines never say
+    # "daylight" (only its context remarks did), and a word outside the vocabulary is not judged
+    added = [w for w in ("full", "daylight", "buyers") if w not in shipped.vocabulary]
+    studio = dataclasses.replace(shipped, vocabulary=(*shipped.vocabulary, *added), bigrams=None, trigrams=None)
+    words = studio.word_constraint(Tokenizer.load(DEFAULT_MODEL_DIR))
     night = words.banned_bits("merchant", context={"time_of_day": "night"})
     day = words.banned_bits("merchant", context={"time_of_day": "day"})
     assert words.says_banned("Full daylight, and no buyers.", night)  # night called daylight

