@@ -4,7 +4,6 @@ the rule pick FlashNPC is measured against, and the file format's errors."""
 from __future__ import annotations
 
 import dataclasses
-
 import json
 
 import numpy as np

@@ -3,10 +3,9 @@ that draw a line again when it strings three words together where the book never
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import json
 import random
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import given, settings
