@@ -14,35 +14,24 @@ garbled per source of a rated sheet and writes them beside it (``.summary.json``
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from runtime.factory.blind import COLUMNS, RATING_SCALE, key_path, read_ratings, write_blind
+from runtime.factory.blind import read_ratings, write_blind, write_sheet
 from runtime.factory.linebook import load_line_book
 
 
-def write_sheet(books: list[str], lines: int, seed: int, out: Path) -> None:
+def write_books_sheet(books: list[str], lines: int, seed: int, out: Path) -> None:
     items = []
     with tempfile.TemporaryDirectory() as tmp:
         for k, path in enumerate(books):
             key = write_blind(Path(tmp) / f"{k}.csv", book=load_line_book(path), sampler=None,
                               model_lines=0, book_lines=lines, seed=seed)
             items += [{**item, "source": f"book:{Path(path).name or path}#{k}"} for item in key["items"]]
-    order = np.random.default_rng([seed, 9]).permutation(len(items))
-    rows = [{**items[int(i)], "id": f"r{n:03d}"} for n, i in enumerate(order, start=1)]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(COLUMNS)
-        for row in rows:
-            writer.writerow([row["id"], row["prompt"], row["line"], ""])
-    key_path(out).write_text(json.dumps({"csv": out.name, "seed": seed, "books": books,
-                                         "rating_scale": RATING_SCALE, "items": rows}, indent=1))
-
+    write_sheet(out, items, np.random.default_rng([seed, 9]), seed=seed, books=books)
 
 def summary(sheet: Path) -> dict[str, dict[str, float]]:
     rated = read_ratings(sheet)
@@ -71,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.books or not args.out:
         ap.error("give one or more BOOK directories and --out, or --summary SHEET")
-    write_sheet(args.books, args.lines, args.seed, Path(args.out))
+    write_books_sheet(args.books, args.lines, args.seed, Path(args.out))
     return 0
 
 

@@ -19,15 +19,12 @@ the player sees).
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import sys
-from pathlib import Path
 
 import numpy as np
 
 from runtime.client.generator import LineGenerator
-from runtime.factory.blind import COLUMNS, RATING_SCALE, describe_prompt, key_path
+from runtime.factory.blind import describe_prompt, key_path, write_sheet
 from runtime.factory.linebook import load_line_book
 
 Request = tuple[str, tuple[str, ...], str, str, tuple[tuple[str, str], ...]]
@@ -87,21 +84,11 @@ def main(argv: list[str] | None = None) -> int:
             items.append({"source": "book", "shape": "game", "side": side, "archetype": archetype,
                           "persona": [], "state": state, "intent": intent, "context": dict(ctx),
                           "prompt": describe_prompt(request), "line": lines[0]})
-    order = np.random.default_rng([args.seed, 31]).permutation(len(items))
-    rows = [{"id": f"r{n:03d}", **items[int(i)]} for n, i in enumerate(order, start=1)]
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(COLUMNS)
-        for row in rows:
-            writer.writerow([row["id"], row["prompt"], row["line"], ""])
-    key = {"csv": out.name, "seed": args.seed, "model": args.model, "rating_scale": RATING_SCALE, "items": rows}
-    if args.versus:
-        key["versus"] = args.versus
-    key_path(out).write_text(json.dumps(key, indent=1))
+    key = write_sheet(args.out, items, np.random.default_rng([args.seed, 31]), seed=args.seed, model=args.model,
+                      **({"versus": args.versus} if args.versus else {}))
+    rows = key["items"]
     served = {s: sum(1 for r in rows if r["source"] == s) for s in ("model", "versus", "book")}
-    print(f"{out}: {len(rows)} lines {served}; key {key_path(out)}", file=sys.stderr)
+    print(f"{args.out}: {len(rows)} lines {served}; key {key_path(args.out)}", file=sys.stderr)
     return 0
 
 

@@ -131,11 +131,21 @@ def write_blind(
         for i in picks:
             items.append(_item("book", shape, side, example_request(pool[int(i)]), pool[int(i)].text))
 
-    order = np.random.default_rng([seed, 4]).permutation(len(items))
+    extra: dict[str, Any] = {"model": model_name}
+    if versus is not None:
+        extra["versus"] = versus_name or "second model"
+    return write_sheet(out, items, np.random.default_rng([seed, 4]), seed=seed, **extra)
+
+
+def write_sheet(out: str | Path, items: Sequence[dict[str, Any]], rng: np.random.Generator, **key_fields: Any
+                ) -> dict[str, Any]:
+    """Shuffle ``items`` (each with ``prompt``, ``line`` and its hidden fields: ``source``, ...)
+    with ``rng``, number them ``r001``..., write the rating CSV (``id, prompt, line, rating``) to
+    ``out`` and the key (``key_fields``, the rating scale, the items) beside it; returns the key.
+    Every blind sheet of the project is written here, so ``flashnpc eval unblind`` reads them all."""
+    order = rng.permutation(len(items))
     width = len(str(len(items)))
-    shuffled = []
-    for n, i in enumerate(order, start=1):
-        shuffled.append({"id": f"r{n:0{width}d}", **items[int(i)]})
+    shuffled = [{**items[int(i)], "id": f"r{n:0{width}d}"} for n, i in enumerate(order, start=1)]
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", newline="", encoding="utf-8") as f:
@@ -143,10 +153,7 @@ def write_blind(
         writer.writerow(COLUMNS)
         for item in shuffled:
             writer.writerow([item["id"], item["prompt"], item["line"], ""])
-    key = {"csv": out.name, "seed": seed, "model": model_name, "rating_scale": RATING_SCALE,
-           "items": shuffled}
-    if versus is not None:
-        key["versus"] = versus_name or "second model"
+    key = {"csv": out.name, **key_fields, "rating_scale": RATING_SCALE, "items": shuffled}
     key_path(out).write_text(json.dumps(key, indent=1))
     return key
 
